@@ -1,0 +1,24 @@
+# The newcomer's commands (README.md). Everything installs into .venv from this repo's files.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: install test demo lint
+
+$(BIN)/outbox: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(BIN)/outbox
+
+install: $(BIN)/outbox
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+demo: install
+	$(BIN)/outbox demo
+
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .

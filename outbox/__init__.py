@@ -1,0 +1,75 @@
+"""outbox: carry out an application's effects on the outside world exactly as often as the
+provider can tolerate, with PostgreSQL as the source of truth and Dramatiq as the fabric."""
+
+from outbox.action import Action
+from outbox.adapter import ActionAdapter
+from outbox.attempt import ActionAttempt, Fence
+from outbox.config import Settings
+from outbox.enqueuing import (
+    admit,
+    admit_async,
+    enqueue,
+    enqueue_async,
+    get_action,
+    refuse,
+    refuse_async,
+)
+from outbox.errors import (
+    ActionNotFound,
+    AdapterAlreadyRegistered,
+    ConfigurationError,
+    DrainDidNotSettle,
+    IllegalTransition,
+    InvalidActionRequest,
+    KindConflictError,
+    OutboxError,
+    TransactionOpenError,
+    UnknownKindError,
+)
+from outbox.executor import ActionExecutor, Outcome
+from outbox.kinds import EMAIL, ActionKind
+from outbox.outbox import Outbox
+from outbox.request import ActionRequest
+from outbox.results import Abandoned, Cancelled, Defer, Done, Failed, Result, Retry, Uncertain
+from outbox.state import ActionState, StopReason
+
+__all__ = [
+    "EMAIL",
+    "Abandoned",
+    "Action",
+    "ActionAdapter",
+    "ActionAttempt",
+    "ActionExecutor",
+    "ActionKind",
+    "ActionNotFound",
+    "ActionRequest",
+    "ActionState",
+    "AdapterAlreadyRegistered",
+    "Cancelled",
+    "ConfigurationError",
+    "Defer",
+    "Done",
+    "DrainDidNotSettle",
+    "Failed",
+    "Fence",
+    "IllegalTransition",
+    "InvalidActionRequest",
+    "KindConflictError",
+    "Outbox",
+    "OutboxError",
+    "Outcome",
+    "Result",
+    "Retry",
+    "Settings",
+    "StopReason",
+    "TransactionOpenError",
+    "Uncertain",
+    "UnknownKindError",
+    "admit",
+    "admit_async",
+    "enqueue",
+    "enqueue_async",
+    "get_action",
+    "refuse",
+    "refuse_async",
+]

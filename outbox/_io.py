@@ -1,0 +1,72 @@
+"""Sync and async twins from one core.
+
+Each database operation is written once, as a generator that yields ``Statement``s and receives
+their rows (dicts); ``run_sync`` and ``run_async`` drive it on a psycopg ``Connection`` or
+``AsyncConnection``. The operation never sees which one it runs on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from psycopg import AsyncConnection, Connection
+from psycopg.rows import dict_row
+
+T = TypeVar("T")
+Rows = list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    sql: str
+    params: Mapping[str, Any] | None = None
+
+
+Operation = Generator[Statement, Rows, T]
+
+
+def run_sync(conn: Connection[Any], op: Operation[T]) -> T:
+    with conn.cursor(row_factory=dict_row) as cur:
+        try:
+            statement = next(op)
+            while True:
+                cur.execute(statement.sql, statement.params)
+                rows = cur.fetchall() if cur.description else []
+                statement = op.send(rows)
+        except StopIteration as done:
+            return done.value
+
+
+async def run_async(conn: AsyncConnection[Any], op: Operation[T]) -> T:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        try:
+            statement = next(op)
+            while True:
+                await cur.execute(statement.sql, statement.params)
+                rows = await cur.fetchall() if cur.description else []
+                statement = op.send(rows)
+        except StopIteration as done:
+            return done.value
+
+
+def psycopg_connection(conn: Any) -> Connection[Any]:
+    """The psycopg connection under ``conn``: itself, or a SQLAlchemy Session's or Connection's.
+
+    SQLAlchemy's connection is taken on the session's own transaction (``Session.connection()``
+    begins it if needed), so the enqueue commits or rolls back with the application's work.
+    """
+    if isinstance(conn, Connection | AsyncConnection):
+        return conn
+    session_connection = getattr(conn, "connection", None)
+    if callable(session_connection):  # a SQLAlchemy Session: .connection() -> Connection
+        conn = session_connection()
+    dbapi = getattr(conn, "connection", None)  # SQLAlchemy Connection -> pool proxy
+    driver = getattr(dbapi, "driver_connection", None)
+    if isinstance(driver, Connection):
+        return driver
+    raise TypeError(
+        f"expected a psycopg Connection or a SQLAlchemy Session/Connection on the psycopg driver, "
+        f"got {type(conn).__name__}"
+    )

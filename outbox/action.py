@@ -1,0 +1,44 @@
+"""The action row as Python sees it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+from outbox.state import ActionState
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One row of ``agent_action``. ``created`` tells whether this enqueue inserted it."""
+
+    id: int
+    kind: str
+    state: ActionState
+    workspace_id: str | None
+    lane_key: str
+    idempotency_key: str
+    payload: Any
+    subject_account_id: str | None
+    max_attempts: int
+    expires_at: datetime | None
+    attempt: int
+    epoch: int
+    available_at: datetime
+    lease_until: datetime | None
+    write_started_at: datetime | None
+    readback_ref: str | None
+    stop_reason: str | None
+    created_at: datetime
+    ended_at: datetime | None
+    created: bool = False
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Action:
+        values = {f.name: row[f.name] for f in fields(cls) if f.name in row}
+        values["state"] = ActionState(values["state"])
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

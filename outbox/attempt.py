@@ -1,0 +1,107 @@
+"""``ActionAttempt``: what an adapter sees of one claimed attempt, and its fence."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from outbox.action import Action
+
+if TYPE_CHECKING:
+    from outbox.store import Store
+
+
+class Fence:
+    """Passed right before the provider call; refuses once another claim may own the action."""
+
+    def __init__(self, attempt: ActionAttempt) -> None:
+        self._attempt = attempt
+
+    async def begin_write(self) -> bool:
+        """Marks the write as started, in its own short transaction.
+
+        Returns False (and the adapter must not call the provider, and returns ``Abandoned()``)
+        when the epoch moved, the action was erased, or less than the write margin of the lease
+        is left.
+        """
+        attempt = self._attempt
+        if attempt.fence_passed:
+            return True
+        ok = await attempt._store.begin_write(attempt.id, attempt.epoch, attempt._margin)
+        if ok:
+            attempt.fence_passed = True
+        else:
+            attempt.fence_refused = True
+        return ok
+
+
+class ActionAttempt:
+    """One attempt at one action. Read the action's fields; pass the fence before writing."""
+
+    def __init__(self, action: Action, store: Store, margin: timedelta, deadline: float) -> None:
+        self.action = action
+        self._store = store
+        self._margin = margin
+        #: time.monotonic() at which this attempt's lease ends (measured conservatively).
+        self.deadline = deadline
+        self.fence_passed = False
+        self.fence_refused = False
+        self._fence = Fence(self)
+
+    @property
+    def id(self) -> int:
+        return self.action.id
+
+    @property
+    def kind(self) -> str:
+        return self.action.kind
+
+    @property
+    def epoch(self) -> int:
+        return self.action.epoch
+
+    @property
+    def attempt(self) -> int:
+        """1 on the first attempt."""
+        return self.action.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self.action.max_attempts
+
+    @property
+    def payload(self) -> Any:
+        return self.action.payload
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.action.idempotency_key
+
+    @property
+    def lane_key(self) -> str:
+        return self.action.lane_key
+
+    @property
+    def workspace_id(self) -> str | None:
+        return self.action.workspace_id
+
+    @property
+    def subject_account_id(self) -> str | None:
+        return self.action.subject_account_id
+
+    @property
+    def write_started(self) -> bool:
+        """An earlier attempt passed its fence and may have written: read back before writing."""
+        return self.action.write_started_at is not None
+
+    @property
+    def write_started_at(self) -> datetime | None:
+        return self.action.write_started_at
+
+    def time_left(self) -> float:
+        """Seconds of lease left, by this process's monotonic clock."""
+        return self.deadline - time.monotonic()
+
+    def fence(self) -> Fence:
+        return self._fence

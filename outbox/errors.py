@@ -1,0 +1,54 @@
+"""Exceptions the outbox raises to its callers."""
+
+from __future__ import annotations
+
+
+class OutboxError(Exception):
+    """Base class of every error the outbox raises on purpose."""
+
+
+class InvalidActionRequest(OutboxError, ValueError):
+    """An enqueue was refused because of one field; nothing was written."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class UnknownKindError(InvalidActionRequest):
+    """The kind is not declared in ``agent_action_kind`` (run ``outbox migrate``)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(
+            "kind", f"unknown action kind {kind!r}; declare it and run `outbox migrate`"
+        )
+        self.kind = kind
+
+
+class KindConflictError(OutboxError):
+    """``outbox migrate`` refused to change a kind's flags while it has live actions."""
+
+
+class AdapterAlreadyRegistered(OutboxError):
+    """A kind has exactly one adapter; a second registration is a programming error."""
+
+
+class ActionNotFound(OutboxError):
+    """No action with that id (it may have been erased or pruned)."""
+
+
+class IllegalTransition(OutboxError):
+    """``admit``/``refuse`` on an action that is no longer PROPOSED."""
+
+
+class DrainDidNotSettle(OutboxError):
+    """``outbox.testing.drain`` still found due actions after its bound."""
+
+
+class ConfigurationError(OutboxError):
+    """A setting is missing or malformed."""
+
+
+class TransactionOpenError(OutboxError):
+    """An adapter was about to run while this executor held a database transaction open."""

@@ -1,0 +1,205 @@
+"""``ActionExecutor``: the one place that calls an adapter's ``execute``.
+
+It runs one claimed attempt, supervises it against its lease, maps the result to one
+epoch-fenced finish, and reports what happened. ``outbox.testing.drain``, the Dramatiq actor and
+the demo all use this class; there is no second copy of the mapping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+from outbox import metrics
+from outbox.adapter import ActionAdapter
+from outbox.attempt import ActionAttempt
+from outbox.config import Settings
+from outbox.errors import TransactionOpenError
+from outbox.results import (
+    RESULT_TYPES,
+    Abandoned,
+    Cancelled,
+    Defer,
+    Done,
+    Failed,
+    Result,
+    Retry,
+    Uncertain,
+    result_name,
+)
+from outbox.state import ActionState, StopReason
+from outbox.store import ClaimedAction, EndedByHousekeeping, Store, held_connections
+
+log = logging.getLogger("outbox.executor")
+
+#: A claimed action of a kind without an adapter in this process goes back to wait this long
+#: (its attempt given back), so a process with the adapter can take it.
+NO_ADAPTER_DEFER = timedelta(seconds=30)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one attempt came to. ``recorded`` is False when its fenced finish found the epoch
+    moved (or the row gone) and so changed nothing. ``state`` is the state it wrote, if any."""
+
+    action_id: int
+    kind: str
+    epoch: int
+    result: Result
+    recorded: bool
+    state: ActionState | None
+    reason: str | None = None
+
+
+def backoff(attempt: int, base: timedelta, cap: timedelta) -> timedelta:
+    """Capped exponential backoff with jitter: base * 2^(attempt-1), capped, times 0.5..1."""
+    exp = min(cap.total_seconds(), base.total_seconds() * 2 ** max(0, min(attempt - 1, 60)))
+    return timedelta(seconds=exp * random.uniform(0.5, 1.0))
+
+
+class ActionExecutor:
+    def __init__(
+        self, store: Store, adapters: Mapping[str, ActionAdapter], settings: Settings
+    ) -> None:
+        self.store = store
+        self.adapters = adapters
+        self.settings = settings
+
+    async def run(self, claimed: ClaimedAction, claimed_at: float) -> Outcome:
+        """Runs one attempt. ``claimed_at`` is ``time.monotonic()`` taken before the statement
+        that claimed or loaded it, so the local deadline never outlives the database lease."""
+        action = claimed.action
+        deadline = claimed_at + claimed.lease_left.total_seconds()
+        adapter = self.adapters.get(action.kind)
+        if adapter is None:
+            log.error(
+                "no adapter for kind %s in this process: action %s given back",
+                action.kind,
+                action.id,
+            )
+            return await self._finish(
+                action.id,
+                action.kind,
+                action.epoch,
+                action.attempt,
+                action.max_attempts,
+                Defer(NO_ADAPTER_DEFER, "NO_ADAPTER"),
+            )
+        attempt = ActionAttempt(action, self.store, self.settings.write_margin, deadline)
+        result = await self._execute(adapter, attempt)
+        return await self._finish(
+            action.id, action.kind, action.epoch, action.attempt, action.max_attempts, result
+        )
+
+    async def _execute(self, adapter: ActionAdapter, attempt: ActionAttempt) -> Result:
+        if held_connections.get():
+            raise TransactionOpenError(
+                f"refusing to run the {attempt.kind} adapter while holding a database connection"
+            )
+        margin = self.settings.write_margin.total_seconds()
+        task = asyncio.ensure_future(adapter.execute(attempt))
+        try:
+            # Until the fence passes, the attempt is useful only while the fence could pass.
+            done, _ = await asyncio.wait(
+                {task}, timeout=max(0.0, attempt.deadline - margin - time.monotonic())
+            )
+            if not done and attempt.fence_passed:
+                done, _ = await asyncio.wait(
+                    {task}, timeout=max(0.0, attempt.deadline - time.monotonic())
+                )
+            if not done:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                if attempt.fence_passed:
+                    return Uncertain(StopReason.LEASE_EXPIRED_DURING_WRITE)
+                return Retry(reason="LEASE_RAN_OUT_BEFORE_WRITE")
+            result = task.result()
+            if not isinstance(result, RESULT_TYPES):
+                raise TypeError(f"adapter returned {result!r}, not an outbox result")
+            return result
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        except Exception as error:
+            if attempt.fence_passed:
+                log.warning(
+                    "adapter of kind %s raised after its fence on action %s: %s",
+                    attempt.kind,
+                    attempt.id,
+                    type(error).__name__,
+                )
+                return Uncertain(StopReason.ADAPTER_ERROR_AFTER_WRITE)
+            log.info(
+                "adapter of kind %s raised before its fence on action %s: %s (retry)",
+                attempt.kind,
+                attempt.id,
+                type(error).__name__,
+            )
+            return Retry(reason=f"ERROR:{type(error).__name__}")
+
+    async def _finish(
+        self,
+        action_id: int,
+        kind: str,
+        epoch: int,
+        attempt: int,
+        max_attempts: int,
+        result: Result,
+    ) -> Outcome:
+        store = self.store
+        state: ActionState | None
+        reason: str | None
+        match result:
+            case Done(ref=ref):
+                state, reason = ActionState.DONE, StopReason.DONE
+                recorded = await store.finish_end(action_id, epoch, state, reason, ref)
+            case Retry(after=after) if attempt < max_attempts:
+                state, reason = ActionState.ADMITTED, result.reason
+                wait = (
+                    after
+                    if after is not None
+                    else backoff(attempt, self.settings.retry_base, self.settings.retry_cap)
+                )
+                recorded = await store.finish_retry(action_id, epoch, wait)
+            case Retry():
+                state, reason = ActionState.FAILED, StopReason.ATTEMPTS_EXHAUSTED
+                recorded = await store.finish_end(action_id, epoch, state, reason, None)
+            case Defer(after=after):
+                state, reason = ActionState.ADMITTED, result.reason
+                recorded = await store.finish_defer(action_id, epoch, after)
+            case Uncertain(reason=reason):
+                state = ActionState.UNCERTAIN
+                recorded = await store.finish_end(action_id, epoch, state, reason, None)
+            case Failed(reason=reason):
+                state = ActionState.FAILED
+                recorded = await store.finish_end(action_id, epoch, state, reason, None)
+            case Cancelled(reason=reason):
+                state = ActionState.CANCELLED
+                recorded = await store.finish_end(action_id, epoch, state, reason, None)
+            case Abandoned():
+                state, reason, recorded = None, None, False
+            case _:  # pragma: no cover - _execute only returns results
+                raise TypeError(f"not a result: {result!r}")
+        metrics.record_attempt(kind, result_name(result), recorded)
+        if recorded and state is not None and state.is_ended:
+            report_ended(action_id, kind, state, reason or "")
+        return Outcome(
+            action_id, kind, epoch, result, recorded, state if recorded else None, reason
+        )
+
+
+def report_ended(action_id: int, kind: str, state: ActionState, reason: str) -> None:
+    """Counts an end; an UNCERTAIN end also writes its one warning line."""
+    metrics.record_ended(kind, state.value, reason)
+    if state is ActionState.UNCERTAIN:
+        log.warning("action %s of kind %s ended UNCERTAIN: %s", action_id, kind, reason)
+
+
+def report_housekeeping(ended: list[EndedByHousekeeping]) -> None:
+    for item in ended:
+        report_ended(item.id, item.kind, item.state, item.reason)

@@ -1,0 +1,39 @@
+"""Action kinds: what sort of effect an action is, and how its provider tolerates repeats."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True, slots=True)
+class ActionKind:
+    """A sort of effect. Each kind has exactly one adapter.
+
+    ``at_most_once``: the provider cannot be read back (email), so an action whose write started is
+    never attempted again. ``instance_level``: the effect belongs to the instance, not to a
+    workspace, so its actions may have no ``workspace_id``.
+    """
+
+    name: str
+    at_most_once: bool = False
+    instance_level: bool = False
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(
+                f"kind name {self.name!r} must be UPPER_SNAKE_CASE, at most 63 characters"
+            )
+
+    @property
+    def queue_name(self) -> str:
+        """The Dramatiq queue that carries this kind's messages (one queue per kind)."""
+        return f"outbox.{self.name.lower()}"
+
+
+#: The built-in email kind: an SMTP relay cannot be asked whether it already took a message.
+EMAIL = ActionKind("EMAIL", at_most_once=True, instance_level=True)
+
+BUILTIN_KINDS: tuple[ActionKind, ...] = (EMAIL,)

@@ -1,0 +1,124 @@
+"""``Outbox``: the object an application builds once and registers kinds and adapters on."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from outbox import enqueuing as _enqueue
+from outbox.action import Action
+from outbox.adapter import ActionAdapter
+from outbox.config import Settings
+from outbox.errors import AdapterAlreadyRegistered, KindConflictError
+from outbox.executor import ActionExecutor, Outcome
+from outbox.kinds import BUILTIN_KINDS, ActionKind
+from outbox.migrate import MigrationReport, migrate
+from outbox.request import ActionRequest
+from outbox.store import Store
+
+
+class Outbox:
+    """Settings, the declared kinds, and exactly one adapter per kind (in processes that run them).
+
+    ``Outbox(database_url, lease=timedelta(minutes=2))``; anything not given comes from the
+    environment (``OUTBOX_*``, see ``Settings``).
+    """
+
+    def __init__(
+        self, database_url: str | None = None, *, settings: Settings | None = None, **overrides: Any
+    ) -> None:
+        base = settings or Settings.from_env()
+        self.settings = base.with_overrides(database_url=database_url, **overrides)
+        self.kinds: dict[str, ActionKind] = {k.name: k for k in BUILTIN_KINDS}
+        self.adapters: dict[str, ActionAdapter] = {}
+
+    @property
+    def schema(self) -> str:
+        return self.settings.schema
+
+    def declare(self, *kinds: ActionKind) -> None:
+        """Declares kinds this application enqueues (``outbox migrate`` writes them)."""
+        for kind in kinds:
+            known = self.kinds.get(kind.name)
+            if known is not None and known != kind:
+                raise KindConflictError(f"kind {kind.name} declared as {known} and as {kind}")
+            self.kinds[kind.name] = kind
+
+    def register(self, kind: ActionKind, adapter: ActionAdapter) -> None:
+        """Declares ``kind`` and makes ``adapter`` its one adapter in this process."""
+        if kind.name in self.adapters:
+            raise AdapterAlreadyRegistered(
+                f"kind {kind.name} already has adapter {self.adapters[kind.name]!r}"
+            )
+        if not callable(getattr(adapter, "execute", None)):
+            raise TypeError(f"{adapter!r} has no execute(attempt) method")
+        self.declare(kind)
+        self.adapters[kind.name] = adapter
+
+    # -- schema --------------------------------------------------------------------------------
+
+    def migrate(self, conn: psycopg.Connection[Any] | None = None) -> MigrationReport:
+        """Applies pending migrations and declares this outbox's kinds; commits."""
+        if conn is not None:
+            return migrate(conn, self.schema, self.kinds.values())
+        with psycopg.connect(self.settings.require_database_url()) as own:
+            return migrate(own, self.schema, self.kinds.values())
+
+    # -- the application's side, in its transaction ----------------------------------------------
+
+    def enqueue(self, conn: Any, request: ActionRequest) -> Action:
+        return _enqueue.enqueue(conn, request, schema=self.schema)
+
+    async def enqueue_async(self, conn: AsyncConnection[Any], request: ActionRequest) -> Action:
+        return await _enqueue.enqueue_async(conn, request, schema=self.schema)
+
+    def admit(self, conn: Any, action_id: int) -> Action:
+        return _enqueue.admit(conn, action_id, schema=self.schema)
+
+    def refuse(self, conn: Any, action_id: int, reason: str | None = None) -> Action:
+        return _enqueue.refuse(conn, action_id, reason, schema=self.schema)
+
+    def get(self, conn: Any, action_id: int) -> Action | None:
+        return _enqueue.get_action(conn, action_id, schema=self.schema)
+
+    # -- the executing side ---------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def store(self, pool: AsyncConnectionPool | None = None) -> AsyncIterator[Store]:
+        """A ``Store`` on ``pool``, or on a pool of its own (autocommit) closed on exit."""
+        if pool is not None:
+            yield Store(pool, self.schema)
+            return
+        own = AsyncConnectionPool(
+            self.settings.require_database_url(),
+            min_size=1,
+            max_size=self.settings.pool_size,
+            kwargs={"autocommit": True},
+            open=False,
+        )
+        await own.open(wait=True)
+        try:
+            yield Store(own, self.schema)
+        finally:
+            await own.close()
+
+    def executor(self, store: Store) -> ActionExecutor:
+        return ActionExecutor(store, self.adapters, self.settings)
+
+    async def claim_and_run(
+        self, executor: ActionExecutor, kinds: Iterable[str] | None = None, limit: int | None = None
+    ) -> list[Outcome]:
+        """One round in-process: claim due actions of ``kinds`` (default: those with an adapter
+        here) and run them all concurrently. Returns what each attempt came to."""
+        names = list(kinds) if kinds is not None else list(self.adapters)
+        per_kind = limit or self.settings.batch_size
+        claimed_at = time.monotonic()
+        claimed = await executor.store.claim({k: per_kind for k in names}, self.settings.lease)
+        return list(await asyncio.gather(*(executor.run(c, claimed_at) for c in claimed)))

@@ -1,0 +1,219 @@
+-- Every statement the outbox runs on agent_action, one per `-- name:` header, with a one-line
+-- description under it. `{schema}` is replaced by the quoted schema name once, at load time
+-- (outbox/queries.py); parameters are psycopg's %(name)s. The DDL lives in migrations/.
+
+-- name: enqueue
+-- Insert an action unless its idempotency key exists; a racing insert of the same key waits for
+-- the other transaction. Inserts nothing for an unknown kind, a missing workspace, or an
+-- expires_at that has passed (enqueue_diagnose then says which).
+INSERT INTO {schema}.agent_action
+    (kind, state, workspace_id, lane_key, idempotency_key, payload, subject_account_id,
+     max_attempts, expires_at)
+SELECT k.name, %(state)s, %(workspace_id)s, %(lane_key)s, %(idempotency_key)s, %(payload)s,
+       %(subject_account_id)s, %(max_attempts)s, %(expires_at)s
+  FROM {schema}.agent_action_kind k
+ WHERE k.name = %(kind)s
+   AND (%(workspace_id)s::text IS NOT NULL OR k.instance_level)
+   AND (%(expires_at)s::timestamptz IS NULL OR %(expires_at)s::timestamptz > now())
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING *, true AS created
+
+-- name: action_by_idempotency_key
+-- The action that holds an idempotency key.
+SELECT *, false AS created FROM {schema}.agent_action WHERE idempotency_key = %(idempotency_key)s
+
+-- name: enqueue_diagnose
+-- Why `enqueue` inserted nothing and found no earlier action.
+SELECT (SELECT k.instance_level FROM {schema}.agent_action_kind k WHERE k.name = %(kind)s)
+           AS instance_level,
+       now() AS db_now
+
+-- name: action_by_id
+-- One action, whole.
+SELECT *, false AS created FROM {schema}.agent_action WHERE id = %(id)s
+
+-- name: admit
+-- A proposal becomes ADMITTED and due now.
+UPDATE {schema}.agent_action SET state = 'ADMITTED', available_at = now()
+ WHERE id = %(id)s AND state = 'PROPOSED'
+RETURNING *, false AS created
+
+-- name: refuse
+-- A proposal ends CANCELLED with the refusal's reason.
+UPDATE {schema}.agent_action
+   SET state = 'CANCELLED', stop_reason = %(reason)s, payload = NULL, ended_at = now()
+ WHERE id = %(id)s AND state = 'PROPOSED'
+RETURNING *, false AS created
+
+-- name: claim_heads
+-- Due, idle lane heads of one kind become EXECUTING under a lease. Lanes another claimer
+-- holds are skipped; a lane row is reached through its own small index, never through the lane's
+-- backlog.
+WITH heads AS (
+    SELECT l.head_id
+      FROM {schema}.agent_action_lane l
+     WHERE l.executing_id IS NULL
+       AND l.head_due_at IS NOT NULL
+       AND l.head_due_at <= now()
+       AND l.head_kind = %(kind)s
+     ORDER BY l.head_due_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.agent_action a
+   SET state = 'EXECUTING', epoch = a.epoch + 1, attempt = a.attempt + 1,
+       lease_until = now() + %(lease)s
+  FROM heads
+ WHERE a.id = heads.head_id
+   AND a.state = 'ADMITTED'
+   AND (a.expires_at IS NULL OR a.expires_at > now())
+RETURNING a.*, a.lease_until - now() AS lease_left
+
+-- name: claim_reclaims
+-- Executing actions whose lease expired are claimed again at once, without waiting for their
+-- lane: a lane whose holder crashed does not stall. Never an at-most-once action whose write
+-- started, nor one at its last attempt (housekeeping ends those).
+WITH expired AS (
+    SELECT a.id
+      FROM {schema}.agent_action a
+     WHERE a.state = 'EXECUTING'
+       AND a.lease_until <= now()
+       AND a.kind = ANY(%(kinds)s)
+       AND a.attempt < a.max_attempts
+       AND (a.write_started_at IS NULL OR a.kind IN (
+                SELECT k.name FROM {schema}.agent_action_kind k WHERE NOT k.at_most_once))
+     ORDER BY a.lease_until
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.agent_action a
+   SET epoch = a.epoch + 1, attempt = a.attempt + 1, lease_until = now() + %(lease)s
+  FROM expired
+ WHERE a.id = expired.id
+RETURNING a.*, a.lease_until - now() AS lease_left
+
+-- name: end_lost_leases
+-- Executing actions whose lease expired and that may not run again end: an at-most-once one
+-- whose write started, or any at its last attempt. UNCERTAIN when the write started (the effect
+-- may exist), FAILED ATTEMPTS_EXHAUSTED when it provably did not.
+WITH lost AS (
+    SELECT a.id, a.write_started_at IS NOT NULL AS wrote
+      FROM {schema}.agent_action a
+      JOIN {schema}.agent_action_kind k ON k.name = a.kind
+     WHERE a.state = 'EXECUTING'
+       AND a.lease_until <= now()
+       AND ((a.write_started_at IS NOT NULL AND k.at_most_once) OR a.attempt >= a.max_attempts)
+     ORDER BY a.lease_until
+     LIMIT %(limit)s
+       FOR UPDATE OF a SKIP LOCKED
+)
+UPDATE {schema}.agent_action a
+   SET state = CASE WHEN lost.wrote THEN 'UNCERTAIN' ELSE 'FAILED' END,
+       stop_reason = CASE WHEN lost.wrote THEN 'LEASE_LOST_AFTER_WRITE' ELSE 'ATTEMPTS_EXHAUSTED' END,
+       payload = NULL, ended_at = now()
+  FROM lost
+ WHERE a.id = lost.id
+RETURNING a.id, a.kind, a.state, a.stop_reason
+
+-- name: expire_waiting
+-- Waiting actions past expires_at end CANCELLED EXPIRED.
+WITH gone AS (
+    SELECT a.id
+      FROM {schema}.agent_action a
+     WHERE a.state IN ('PROPOSED', 'ADMITTED') AND a.expires_at <= now()
+     ORDER BY a.expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.agent_action a
+   SET state = 'CANCELLED', stop_reason = 'EXPIRED', payload = NULL, ended_at = now()
+  FROM gone
+ WHERE a.id = gone.id
+RETURNING a.id, a.kind, a.state, a.stop_reason
+
+-- name: load_attempt
+-- The executing action a message names, if its epoch still holds.
+SELECT a.*, a.lease_until - now() AS lease_left
+  FROM {schema}.agent_action a
+ WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
+
+-- name: begin_write
+-- The fence: the write starts only while this claim's epoch holds and at least the write margin
+-- of its lease is left.
+UPDATE {schema}.agent_action SET write_started_at = now()
+ WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
+   AND lease_until - now() >= %(margin)s
+RETURNING id
+
+-- name: finish_end
+-- The attempt ends the action (DONE, UNCERTAIN, FAILED, CANCELLED), if its epoch still holds.
+UPDATE {schema}.agent_action
+   SET state = %(state)s, stop_reason = %(reason)s, readback_ref = %(ref)s,
+       payload = NULL, ended_at = now()
+ WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
+RETURNING id
+
+-- name: finish_retry
+-- A proven retry: waiting again after `after`, fence and lease cleared, if the epoch holds.
+UPDATE {schema}.agent_action
+   SET state = 'ADMITTED', available_at = now() + %(after)s,
+       lease_until = NULL, write_started_at = NULL
+ WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
+RETURNING id
+
+-- name: finish_defer
+-- A deferral: like a retry, and the attempt is given back.
+UPDATE {schema}.agent_action
+   SET state = 'ADMITTED', available_at = now() + %(after)s, attempt = attempt - 1,
+       lease_until = NULL, write_started_at = NULL
+ WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
+RETURNING id
+
+-- name: make_due
+-- Tests only (outbox.testing.drain): every admitted action that waits becomes due now.
+UPDATE {schema}.agent_action SET available_at = now()
+ WHERE state = 'ADMITTED' AND available_at > now()
+
+-- name: executing_by_kind
+-- Claimed and not yet finished, per kind, with a lease that still runs: the in-flight count.
+SELECT kind, count(*) AS n
+  FROM {schema}.agent_action
+ WHERE state = 'EXECUTING' AND lease_until > now()
+ GROUP BY kind
+
+-- name: erase_subject
+-- Erasure: every action whose subject is the account is deleted.
+DELETE FROM {schema}.agent_action WHERE subject_account_id = %(account_id)s
+RETURNING id, state
+
+-- name: prune_ended
+-- Retention: a small batch of actions that ended more than the retention ago. SKIP LOCKED so a
+-- prune never waits on, nor holds up, anything else.
+WITH old AS (
+    SELECT id FROM {schema}.agent_action
+     WHERE ended_at IS NOT NULL AND ended_at < now() - %(retention)s
+     ORDER BY ended_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.agent_action a USING old WHERE a.id = old.id
+RETURNING a.id
+
+-- name: declared_kinds
+-- The kinds the database knows.
+SELECT name, at_most_once, instance_level FROM {schema}.agent_action_kind ORDER BY name
+
+-- name: live_actions_of_kind
+-- How many actions of a kind have not ended (a flag change is refused while there are any).
+SELECT count(*) AS n FROM {schema}.agent_action
+ WHERE kind = %(kind)s AND state IN ('PROPOSED', 'ADMITTED', 'EXECUTING')
+
+-- name: declare_kind
+-- Insert or update a kind's flags.
+INSERT INTO {schema}.agent_action_kind (name, at_most_once, instance_level)
+VALUES (%(name)s, %(at_most_once)s, %(instance_level)s)
+ON CONFLICT (name) DO UPDATE
+   SET at_most_once = excluded.at_most_once, instance_level = excluded.instance_level,
+       declared_at = now()
+ WHERE (agent_action_kind.at_most_once, agent_action_kind.instance_level)
+       IS DISTINCT FROM (excluded.at_most_once, excluded.instance_level)

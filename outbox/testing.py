@@ -1,0 +1,62 @@
+"""Helpers for the application's own tests: nothing runs on its own, ``drain`` runs it all."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from outbox.errors import DrainDidNotSettle
+from outbox.executor import Outcome, report_housekeeping
+from outbox.outbox import Outbox
+from outbox.results import result_name
+
+
+@dataclass
+class DrainReport:
+    """Every attempt ``drain`` ran, in order, and how many rounds it took."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    rounds: int = 0
+
+    def count(self) -> Counter[str]:
+        """Attempts by result name: ``{"done": 3, "retry": 1}``."""
+        return Counter(result_name(o.result) for o in self.outcomes)
+
+    @property
+    def attempts(self) -> int:
+        return len(self.outcomes)
+
+
+async def drain_async(
+    outbox: Outbox, *, max_rounds: int = 1000, timeout: float = 60.0
+) -> DrainReport:
+    """Makes every waiting action due and runs the executor in-process until nothing is due.
+
+    Retries and deferrals are made due again at once, so a test sees an action's whole life in
+    one call. Raises ``DrainDidNotSettle`` when actions are still due after ``max_rounds``
+    rounds or ``timeout`` seconds (an adapter that defers forever, say).
+    """
+    report = DrainReport()
+    started = time.monotonic()
+    async with outbox.store() as store:
+        executor = outbox.executor(store)
+        while True:
+            report_housekeeping(await store.housekeep())
+            await store.make_due()
+            outcomes = await outbox.claim_and_run(executor)
+            if not outcomes:
+                return report
+            report.outcomes.extend(outcomes)
+            report.rounds += 1
+            if report.rounds >= max_rounds or time.monotonic() - started > timeout:
+                raise DrainDidNotSettle(
+                    f"still running after {report.rounds} rounds and "
+                    f"{time.monotonic() - started:.1f}s: {dict(report.count())}"
+                )
+
+
+def drain(outbox: Outbox, *, max_rounds: int = 1000, timeout: float = 60.0) -> DrainReport:
+    """The sync twin of ``drain_async`` (runs its own event loop)."""
+    return asyncio.run(drain_async(outbox, max_rounds=max_rounds, timeout=timeout))
