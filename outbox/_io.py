@@ -62,6 +62,11 @@ def psycopg_connection(conn: Any) -> Connection[Any]:
     session_connection = getattr(conn, "connection", None)
     if callable(session_connection):  # a SQLAlchemy Session: .connection() -> Connection
         conn = session_connection()
+    in_transaction = getattr(conn, "in_transaction", None)
+    if callable(in_transaction) and not in_transaction():
+        # SQLAlchemy autobegins only for its own statements: begin here, so that the
+        # Connection's commit() or rollback() covers the enqueue.
+        conn.begin()
     dbapi = getattr(conn, "connection", None)  # SQLAlchemy Connection -> pool proxy
     driver = getattr(dbapi, "driver_connection", None)
     if isinstance(driver, Connection):

@@ -1,0 +1,195 @@
+"""Enqueue: in the caller's transaction, idempotent under races, refusing bad input whole."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from outbox import (
+    ActionKind,
+    ActionRequest,
+    ActionState,
+    IllegalTransition,
+    InvalidActionRequest,
+    UnknownKindError,
+    admit,
+    enqueue,
+    enqueue_async,
+    refuse,
+)
+from tests.support import rows
+
+NOTE = ActionKind("NOTE")
+
+
+@pytest.fixture
+def outbox(make_outbox):
+    ob = make_outbox()
+    ob.declare(NOTE)
+    ob.migrate()
+    return ob
+
+
+def request(key: str = "k1", **fields) -> ActionRequest:
+    values = {"kind": NOTE, "lane_key": "lane", "idempotency_key": key, "workspace_id": "w1"}
+    values.update(fields)
+    return ActionRequest(**values)
+
+
+def test_rollback_leaves_no_action_and_commit_leaves_exactly_one(outbox, database_url, schema):
+    with psycopg.connect(database_url) as conn:
+        enqueue(conn, request("rolled-back"), schema=schema)
+        conn.rollback()
+        action = enqueue(conn, request("committed"), schema=schema)
+        conn.commit()
+        assert [r["idempotency_key"] for r in rows(conn, schema)] == ["committed"]
+        assert action.state is ActionState.ADMITTED and action.created
+        assert action.epoch == 0 and action.attempt == 0
+
+
+def test_enqueue_commits_nothing_itself(outbox, database_url, schema):
+    with psycopg.connect(database_url) as writer, psycopg.connect(database_url) as reader:
+        enqueue(writer, request(), schema=schema)
+        assert rows(reader, schema) == []
+        writer.commit()
+        assert len(rows(reader, schema)) == 1
+
+
+def test_second_enqueue_returns_the_first_action_and_changes_nothing(outbox, conn, schema):
+    first = enqueue(conn, request(payload={"n": 1}), schema=schema)
+    second = enqueue(conn, request(payload={"n": 2}, lane_key="other"), schema=schema)
+    assert second.id == first.id and not second.created
+    assert [r["payload"] for r in rows(conn, schema)] == [{"n": 1}]
+
+
+def test_fifty_racing_transactions_with_one_key_make_one_row(outbox, database_url, schema):
+    barrier = threading.Barrier(50)
+    ids: list[int] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            with psycopg.connect(database_url) as conn:
+                barrier.wait()
+                action = enqueue(conn, request("same-key"), schema=schema)
+                ids.append(action.id)
+                conn.commit()
+        except BaseException as error:  # collected and asserted below
+            errors.append(error)
+
+    threads = [threading.Thread(target=one) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with psycopg.connect(database_url) as conn:
+        table = rows(conn, schema)
+    assert len(table) == 1
+    assert ids == [table[0]["id"]] * 50
+
+
+async def test_async_twin_enqueues_in_the_callers_transaction(outbox, database_url, schema):
+    async with await psycopg.AsyncConnection.connect(database_url) as conn:
+        action = await enqueue_async(conn, request("async"), schema=schema)
+        again = await enqueue_async(conn, request("async"), schema=schema)
+        await conn.rollback()
+    assert again.id == action.id
+    with psycopg.connect(database_url) as conn:
+        assert rows(conn, schema) == []
+
+
+def test_enqueue_from_a_sqlalchemy_session_rides_its_transaction(outbox, database_url, schema):
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    from sqlalchemy.orm import Session
+
+    engine = sqlalchemy.create_engine(
+        database_url.replace("postgresql://", "postgresql+psycopg://")
+    )
+    with Session(engine) as session:
+        enqueue(session, request("sa-rollback"), schema=schema)
+        session.rollback()
+        enqueue(session, request("sa-commit"), schema=schema)
+        session.commit()
+    with engine.connect() as sa_conn:
+        enqueue(sa_conn, request("sa-connection"), schema=schema)
+        sa_conn.commit()
+    engine.dispose()
+    with psycopg.connect(database_url) as conn:
+        keys = [r["idempotency_key"] for r in rows(conn, schema)]
+    assert keys == ["sa-commit", "sa-connection"]
+
+
+def test_enqueue_notifies_claimers_on_commit(outbox, database_url, schema):
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        listener.execute(f"LISTEN outbox_{schema}")
+        with psycopg.connect(database_url) as conn:
+            enqueue(conn, request(), schema=schema)
+            conn.commit()
+        notices = list(listener.notifies(timeout=5, stop_after=1))
+    assert [n.channel for n in notices] == [f"outbox_{schema}"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"kind": ActionKind("NEVER_DECLARED")}, "kind"),
+        ({"kind": "NEVER_DECLARED"}, "kind"),
+        ({"kind": ""}, "kind"),
+        ({"lane_key": ""}, "lane_key"),
+        ({"lane_key": "   "}, "lane_key"),
+        ({"idempotency_key": ""}, "idempotency_key"),
+        ({"payload": {"when": datetime.now(UTC)}}, "payload"),
+        ({"payload": {"x": float("nan")}}, "payload"),
+        ({"payload": None}, "payload"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"max_attempts": -3}, "max_attempts"),
+        ({"expires_at": datetime.now(UTC) - timedelta(seconds=1)}, "expires_at"),
+        ({"expires_at": datetime(2030, 1, 1)}, "expires_at"),
+        ({"workspace_id": None}, "workspace_id"),
+        ({"kind": "NOTE", "workspace_id": None}, "workspace_id"),
+    ],
+)
+def test_bad_input_names_the_field_and_writes_nothing(outbox, conn, schema, fields, field):
+    with pytest.raises(InvalidActionRequest) as raised:
+        enqueue(conn, request(**fields), schema=schema)
+    assert raised.value.field == field
+    if field == "kind" and fields["kind"]:
+        assert isinstance(raised.value, UnknownKindError)
+    # The caller's transaction is intact: it can go on and commit other work.
+    enqueue(conn, request("after-error"), schema=schema)
+    conn.commit()
+    assert [r["idempotency_key"] for r in rows(conn, schema)] == ["after-error"]
+
+
+def test_instance_level_kind_needs_no_workspace(outbox, conn, schema):
+    action = enqueue(
+        conn, ActionRequest("EMAIL", lane_key="a@x", idempotency_key="e1"), schema=schema
+    )
+    assert action.workspace_id is None and action.kind == "EMAIL"
+
+
+def test_ids_are_stored_as_text(outbox, conn, schema):
+    action = enqueue(conn, request(workspace_id=42, subject_account_id=7), schema=schema)
+    assert (action.workspace_id, action.subject_account_id) == ("42", "7")
+
+
+def test_proposal_waits_and_admit_or_refuse_decides(outbox, conn, schema):
+    proposed = enqueue(conn, request("p1", proposal=True), schema=schema)
+    refused = enqueue(conn, request("p2", proposal=True), schema=schema)
+    assert proposed.state is ActionState.PROPOSED
+    admitted = admit(conn, proposed.id, schema=schema)
+    assert admitted.state is ActionState.ADMITTED
+    ended = refuse(conn, refused.id, "not today", schema=schema)
+    assert (ended.state, ended.stop_reason, ended.payload) == (
+        ActionState.CANCELLED,
+        "not today",
+        None,
+    )
+    with pytest.raises(IllegalTransition):
+        admit(conn, refused.id, schema=schema)
+    with pytest.raises(IllegalTransition):
+        refuse(conn, admitted.id, schema=schema)

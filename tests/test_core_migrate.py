@@ -1,0 +1,110 @@
+"""Migrations run once, under a lock, and kinds stay in step with what the application declares."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from outbox import ActionKind, ActionRequest, KindConflictError, Outbox, enqueue
+from outbox.cli import main
+from outbox.migrate import available_migrations
+
+
+def tables(database_url: str, schema: str) -> list[str]:
+    with psycopg.connect(database_url) as conn:
+        return [
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
+                " ORDER BY 1",
+                (schema,),
+            )
+        ]
+
+
+def test_migrate_twice_is_a_no_op(make_outbox, database_url, schema):
+    ob = make_outbox()
+    first = ob.migrate()
+    second = ob.migrate()
+    assert first.applied == [f"{m.version:04d}_{m.name}" for m in available_migrations()]
+    assert second.applied == [] and second.kinds_declared == []
+    assert tables(database_url, schema) == [
+        "agent_action",
+        "agent_action_kind",
+        "agent_action_lane",
+        "outbox_migration",
+    ]
+
+
+def test_two_migrations_at_once_leave_one_consistent_schema(make_outbox, database_url, schema):
+    reports, errors = [], []
+    barrier = threading.Barrier(4)
+
+    def run() -> None:
+        try:
+            barrier.wait()
+            reports.append(make_outbox().migrate())
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(len(r.applied) for r in reports) == [0, 0, 0, len(available_migrations())]
+    with psycopg.connect(database_url) as conn:
+        versions = conn.execute(f'SELECT count(*) FROM "{schema}".outbox_migration').fetchone()
+    assert versions == (len(available_migrations()),)
+
+
+def test_migrate_declares_the_applications_kinds_and_the_builtin_email(make_outbox, conn, schema):
+    ob = make_outbox()
+    ob.declare(ActionKind("COMMENT", instance_level=False))
+    ob.migrate()
+    kinds = conn.execute(
+        f'SELECT name, at_most_once, instance_level FROM "{schema}".agent_action_kind ORDER BY 1'
+    ).fetchall()
+    assert kinds == [("COMMENT", False, False), ("EMAIL", True, True)]
+
+
+def test_a_flag_change_is_refused_while_the_kind_has_live_actions(
+    make_outbox, database_url, schema
+):
+    before = make_outbox()
+    before.declare(ActionKind("HOOK", at_most_once=False))
+    before.migrate()
+    with psycopg.connect(database_url) as conn:
+        enqueue(conn, ActionRequest("HOOK", "l", "k", workspace_id="w"), schema=schema)
+        conn.commit()
+    after = make_outbox()
+    after.declare(ActionKind("HOOK", at_most_once=True))
+    with pytest.raises(KindConflictError, match="HOOK.*at_most_once.*1 of its actions"):
+        after.migrate()
+    with psycopg.connect(database_url) as conn:
+        flags = conn.execute(
+            f"SELECT at_most_once FROM \"{schema}\".agent_action_kind WHERE name = 'HOOK'"
+        ).fetchone()
+        assert flags == (False,)
+        conn.execute(f'DELETE FROM "{schema}".agent_action')
+        conn.commit()
+    assert after.migrate().kinds_declared == ["HOOK"]
+
+
+def test_the_builtin_email_kind_cannot_be_redeclared_differently(make_outbox):
+    ob = make_outbox()
+    with pytest.raises(KindConflictError):
+        ob.declare(ActionKind("EMAIL", at_most_once=False, instance_level=True))
+
+
+def test_cli_migrate_runs_from_the_environment(database_url, schema, monkeypatch, capsys):
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", database_url)
+    monkeypatch.setenv("OUTBOX_SCHEMA", schema)
+    assert main(["migrate"]) == 0
+    assert "0001_core" in capsys.readouterr().out
+    assert main(["migrate"]) == 0
+    assert "up to date" in capsys.readouterr().out
+    assert Outbox().schema == schema

@@ -1,0 +1,234 @@
+"""The guard trigger and ActionState agree on every ordered pair of states, and the trigger
+refuses what SPEC.md says it refuses, whoever writes the SQL."""
+
+from __future__ import annotations
+
+import itertools
+
+import psycopg
+import pytest
+
+from outbox import ActionKind, ActionState
+
+NOTE = ActionKind("NOTE")
+ONCE = ActionKind("ONCE", at_most_once=True)
+ENDED = [s for s in ActionState if s.is_ended]
+
+
+@pytest.fixture
+def db(make_outbox, database_url, schema):
+    ob = make_outbox()
+    ob.declare(NOTE, ONCE)
+    ob.migrate()
+    with psycopg.connect(database_url) as conn:
+        conn.execute(f'SET search_path TO "{schema}"')
+        conn.commit()  # a session setting, kept across the tests' rollbacks
+        yield conn
+
+
+_counter = itertools.count()
+
+
+def insert(conn, state: ActionState = ActionState.ADMITTED, kind: str = "NOTE") -> int:
+    n = next(_counter)
+    return conn.execute(
+        "INSERT INTO agent_action (kind, state, workspace_id, lane_key, idempotency_key, payload)"
+        " VALUES (%s, %s, 'w', %s, %s, '{}') RETURNING id",
+        (kind, state.value, f"lane-{n}", f"key-{n}"),
+    ).fetchone()[0]
+
+
+def move(conn, action_id: int, new: ActionState) -> None:
+    """The canonical update into ``new``: a claim for EXECUTING, an end for ended states."""
+    if new is ActionState.EXECUTING:
+        conn.execute(
+            "UPDATE agent_action SET state = 'EXECUTING', epoch = epoch + 1, attempt = attempt + 1,"
+            " lease_until = now() + interval '1 hour' WHERE id = %s",
+            (action_id,),
+        )
+    elif new.is_ended:
+        conn.execute(
+            "UPDATE agent_action SET state = %s, stop_reason = 'TEST', payload = NULL,"
+            " ended_at = now() WHERE id = %s",
+            (new.value, action_id),
+        )
+    else:
+        conn.execute(
+            "UPDATE agent_action SET state = %s, lease_until = NULL, write_started_at = NULL,"
+            " payload = '{}', stop_reason = NULL, ended_at = NULL WHERE id = %s",
+            (new.value, action_id),
+        )
+
+
+def row_in(conn, state: ActionState) -> int:
+    """A row brought to ``state`` by legal steps only."""
+    if state.is_pending:
+        return insert(conn, state)
+    action_id = insert(conn)
+    move(conn, action_id, ActionState.EXECUTING)
+    if state.is_ended:
+        move(conn, action_id, state)
+    return action_id
+
+
+def verdict(conn, old: ActionState, new: ActionState) -> bool:
+    with conn.transaction(force_rollback=True):
+        action_id = row_in(conn, old)
+        try:
+            with conn.transaction():
+                move(conn, action_id, new)
+            return True
+        except psycopg.errors.CheckViolation:
+            return False
+
+
+def test_trigger_and_action_state_agree_on_all_49_pairs(db):
+    pairs = list(itertools.product(ActionState, repeat=2))
+    assert len(pairs) == 49
+    disagreements = [
+        (old.value, new.value, verdict(db, old, new))
+        for old, new in pairs
+        if verdict(db, old, new) != old.can_become(new)
+    ]
+    assert disagreements == []
+
+
+@pytest.mark.parametrize("state", ENDED)
+@pytest.mark.parametrize(
+    "change",
+    [
+        "readback_ref = 'x'",
+        "stop_reason = 'OTHER'",
+        "available_at = now()",
+        "subject_account_id = 'a'",
+        "max_attempts = 9",
+    ],
+)
+def test_an_ended_row_refuses_every_update(db, state, change):
+    action_id = row_in(db, state)
+    with pytest.raises(psycopg.errors.CheckViolation, match="never changes"):
+        db.execute(f"UPDATE agent_action SET {change} WHERE id = %s", (action_id,))
+
+
+def test_raw_sql_with_an_unknown_kind_is_refused(db):
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):
+        insert(db, kind="NOT_A_KIND")
+
+
+def test_workspace_is_required_unless_the_kind_is_instance_level(db):
+    with pytest.raises(psycopg.errors.CheckViolation, match="instance-level"):
+        db.execute(
+            "INSERT INTO agent_action (kind, lane_key, idempotency_key, payload)"
+            " VALUES ('NOTE', 'l', 'k', '{}')"
+        )
+    db.rollback()
+    db.execute(
+        "INSERT INTO agent_action (kind, lane_key, idempotency_key, payload)"
+        " VALUES ('EMAIL', 'l', 'k', '{}')"
+    )
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        "('NOTE', 'w', 'l', 'k', '{}', 0)",  # max_attempts < 1
+        "('NOTE', 'w', '', 'k', '{}', 1)",  # empty lane
+        "('NOTE', 'w', 'l', '', '{}', 1)",  # empty idempotency key
+        "('NOTE', 'w', 'l', 'k', NULL, 1)",  # a live action without payload
+    ],
+)
+def test_check_constraints_refuse_bad_rows(db, values):
+    with pytest.raises(psycopg.errors.CheckViolation):
+        db.execute(
+            "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,"
+            f" max_attempts) VALUES {values}"
+        )
+
+
+def test_ended_state_requires_stop_reason_and_drops_payload(db):
+    action_id = row_in(db, ActionState.EXECUTING)
+    for change in (
+        "state = 'DONE', payload = NULL, ended_at = now()",  # no stop reason
+        "state = 'DONE', stop_reason = 'X', ended_at = now()",  # payload kept
+    ):
+        with pytest.raises(psycopg.errors.CheckViolation), db.transaction():
+            db.execute(f"UPDATE agent_action SET {change} WHERE id = %s", (action_id,))
+
+
+def test_a_new_row_starts_waiting_at_epoch_zero(db):
+    for values in ("'EXECUTING', 0", "'DONE', 0", "'ADMITTED', 3"):
+        with pytest.raises(psycopg.errors.CheckViolation), db.transaction():
+            db.execute(
+                "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,"
+                f" state, epoch) VALUES ('NOTE', 'w', 'l', 'k', '{{}}', {values})"
+            )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "state = 'EXECUTING', attempt = 1, lease_until = now()",  # claim without epoch rise
+        "state = 'EXECUTING', epoch = 2, attempt = 1, lease_until = now()",  # epoch + 2
+        "state = 'EXECUTING', epoch = 1, lease_until = now()",  # attempt not raised
+        "epoch = 1",  # epoch moves without a claim
+    ],
+)
+def test_a_claim_raises_the_epoch_by_exactly_one(db, change):
+    action_id = insert(db)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        db.execute(f"UPDATE agent_action SET {change} WHERE id = %s", (action_id,))
+
+
+def test_the_epoch_never_falls(db):
+    action_id = row_in(db, ActionState.EXECUTING)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        db.execute("UPDATE agent_action SET epoch = epoch - 1 WHERE id = %s", (action_id,))
+
+
+@pytest.mark.parametrize("column", ["id", "kind", "lane_key", "idempotency_key"])
+def test_identity_columns_never_change(db, column):
+    action_id = insert(db)
+    value = {"id": "id + 1000", "kind": "'EMAIL'"}.get(column, "'changed'")
+    # The identity column refuses on its own (GENERATED ALWAYS); the trigger covers the rest.
+    refused = (psycopg.errors.CheckViolation, psycopg.errors.GeneratedAlways)
+    with pytest.raises(refused):
+        db.execute(f"UPDATE agent_action SET {column} = {value} WHERE id = %s", (action_id,))
+
+
+def test_an_at_most_once_action_whose_write_started_is_never_reclaimed(db):
+    once = insert(db, kind="ONCE")
+    move(db, once, ActionState.EXECUTING)
+    db.execute("UPDATE agent_action SET write_started_at = now() WHERE id = %s", (once,))
+    with pytest.raises(psycopg.errors.CheckViolation, match="never claimed again"):
+        move(db, once, ActionState.EXECUTING)
+
+
+def test_a_read_back_action_whose_write_started_may_be_reclaimed(db):
+    action_id = row_in(db, ActionState.EXECUTING)
+    db.execute("UPDATE agent_action SET write_started_at = now() WHERE id = %s", (action_id,))
+    move(db, action_id, ActionState.EXECUTING)
+    epoch = db.execute("SELECT epoch FROM agent_action WHERE id = %s", (action_id,)).fetchone()
+    assert epoch == (2,)
+
+
+def test_a_waiting_action_holds_no_fence(db):
+    action_id = row_in(db, ActionState.EXECUTING)
+    db.execute("UPDATE agent_action SET write_started_at = now() WHERE id = %s", (action_id,))
+    with pytest.raises(psycopg.errors.CheckViolation):
+        db.execute(
+            "UPDATE agent_action SET state = 'ADMITTED', lease_until = NULL WHERE id = %s",
+            (action_id,),
+        )
+
+
+def test_one_executing_action_per_lane_even_in_raw_sql(db):
+    a = insert(db)
+    lane = db.execute("SELECT lane_key FROM agent_action WHERE id = %s", (a,)).fetchone()[0]
+    c = db.execute(
+        "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload)"
+        " VALUES ('NOTE', 'w', %s, 'same-lane', '{}') RETURNING id",
+        (lane,),
+    ).fetchone()[0]
+    move(db, a, ActionState.EXECUTING)
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        move(db, c, ActionState.EXECUTING)
