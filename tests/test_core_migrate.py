@@ -82,7 +82,7 @@ def test_a_flag_change_is_refused_while_the_kind_has_live_actions(
         conn.commit()
     after = make_outbox()
     after.declare(ActionKind("HOOK", at_most_once=True))
-    with pytest.raises(KindConflictError, match="HOOK.*at_most_once.*1 of its actions"):
+    with pytest.raises(KindConflictError, match=r"HOOK.*at_most_once.*1 of its actions"):
         after.migrate()
     with psycopg.connect(database_url) as conn:
         flags = conn.execute(
