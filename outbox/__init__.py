@@ -14,6 +14,7 @@ from outbox.enqueuing import (
     refuse,
     refuse_async,
 )
+from outbox.erasure import ErasureReport, erase_subject, erase_subject_async
 from outbox.errors import (
     ActionNotFound,
     AdapterAlreadyRegistered,
@@ -50,6 +51,7 @@ __all__ = [
     "Defer",
     "Done",
     "DrainDidNotSettle",
+    "ErasureReport",
     "Failed",
     "Fence",
     "IllegalTransition",
@@ -69,6 +71,8 @@ __all__ = [
     "admit_async",
     "enqueue",
     "enqueue_async",
+    "erase_subject",
+    "erase_subject_async",
     "get_action",
     "refuse",
     "refuse_async",

@@ -7,10 +7,18 @@ import json
 import logging
 import sys
 from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
 
+import psycopg
+
+from outbox.erasure import erase_subject
 from outbox.errors import OutboxError
 from outbox.loader import load_app
 from outbox.outbox import Outbox
+from outbox.retention import DEFAULT_BATCH_SIZE as DEFAULT_PRUNE_BATCH
+from outbox.retention import prune
+from outbox.status import inspect, json_default, render_inspect, render_status, status
 
 
 def _outbox(args: argparse.Namespace) -> Outbox:
@@ -53,8 +61,122 @@ def _setup_migrate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_migrate)
 
 
+def _connect(args: argparse.Namespace) -> tuple[Outbox, psycopg.Connection[Any]]:
+    app = _outbox(args)
+    return app, psycopg.connect(app.settings.require_database_url())
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, default=json_default, indent=2, sort_keys=True))
+
+
+def _cmd_prune(args: argparse.Namespace) -> int:
+    app, conn = _connect(args)
+    retention = (
+        timedelta(days=args.retention_days)
+        if args.retention_days is not None
+        else app.settings.retention
+    )
+    with conn:
+        pruned = prune(conn, retention, schema=app.schema, batch_size=args.batch_size)
+    if args.json:
+        _print_json({"pruned": pruned, "retention_seconds": retention.total_seconds()})
+    else:
+        print(f"pruned {pruned} actions that ended more than {retention} ago")
+    return 0
+
+
+def _setup_prune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prune", help="delete actions that ended more than the retention ago")
+    _add_common(p)
+    p.add_argument(
+        "--retention-days",
+        type=float,
+        help="delete actions ended more than this many days ago (default: $OUTBOX_RETENTION_SECONDS"
+        " or 30 days)",
+    )
+    p.add_argument("--batch-size", type=int, default=DEFAULT_PRUNE_BATCH, help="rows per batch")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_prune)
+
+
+def _cmd_erase(args: argparse.Namespace) -> int:
+    app, conn = _connect(args)
+    with conn, conn.transaction():
+        report = erase_subject(conn, args.account, schema=app.schema)
+    if args.json:
+        _print_json({"erased": report.erased, "by_state": report.by_state})
+    else:
+        states = ", ".join(f"{s}={n}" for s, n in report.by_state.items()) or "none"
+        print(f"erased {report.erased} actions ({states})")
+        if report.in_flight:
+            print(
+                f"{report.in_flight} were executing: a provider call past its fence may still "
+                "happen; its result will not be recorded"
+            )
+    return 0
+
+
+def _setup_erase(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("erase", help="delete every action whose subject is an account")
+    _add_common(p)
+    p.add_argument("--account", required=True, help="the subject account id")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_erase)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    app, conn = _connect(args)
+    with conn:
+        report = status(conn, schema=app.schema, latest=args.latest)
+    if args.json:
+        _print_json(report.as_dict())
+    else:
+        print(render_status(report))
+    return 0
+
+
+def _setup_status(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="counts, backlog, blocked lanes, latest UNCERTAIN/FAILED")
+    _add_common(p)
+    p.add_argument("--latest", type=int, default=10, help="how many latest ended to list")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_status)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    app, conn = _connect(args)
+    with conn:
+        found = inspect(conn, args.id, schema=app.schema)
+    if found is None:
+        print(
+            f"outbox inspect: no action {args.id} (never existed, erased or pruned)",
+            file=sys.stderr,
+        )
+        return 1
+    if args.json:
+        _print_json(found)
+    else:
+        print(render_inspect(found))
+    return 0
+
+
+def _setup_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="one action's fields, lane and history")
+    p.add_argument("id", type=int, metavar="ID", help="the action id")
+    _add_common(p)
+    p.add_argument("--json", action="store_true", help="print the action as JSON")
+    p.set_defaults(func=_cmd_inspect)
+
+
 #: Each entry adds one subcommand to the parser.
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_setup_migrate]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _setup_migrate,
+    _setup_prune,
+    _setup_erase,
+    _setup_status,
+    _setup_inspect,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -197,7 +197,13 @@ def report_ended(action_id: int, kind: str, state: ActionState, reason: str) -> 
     """Counts an end; an UNCERTAIN end also writes its one warning line."""
     metrics.record_ended(kind, state.value, reason)
     if state is ActionState.UNCERTAIN:
-        log.warning("action %s of kind %s ended UNCERTAIN: %s", action_id, kind, reason)
+        log.warning(
+            "action %s of kind %s ended UNCERTAIN: %s",
+            action_id,
+            kind,
+            reason,
+            extra={"event": "uncertain", "action_id": action_id, "kind": kind, "reason": reason},
+        )
 
 
 def report_housekeeping(ended: list[EndedByHousekeeping]) -> None:

@@ -1,8 +1,29 @@
-"""Prometheus counters of attempts and ends (names and labels are part of the contract)."""
+"""Prometheus metrics of the outbox, and the HTTP endpoint that serves them.
+
+The two counters' names and labels are part of the contract. The gauges describe the backlog;
+they come from the database (``outbox.backlog``) and are refreshed by the claimer on its
+housekeeping timer (``refresh_backlog_gauges``), so every process reports the same numbers and
+a multiprocess scrape shows the most recent ones.
+
+Multiprocess mode (as Dramatiq's Prometheus middleware uses it): set ``PROMETHEUS_MULTIPROC_DIR``
+(and ``dramatiq_prom_db`` to the same directory) in the environment of every process before it
+starts; each process then writes its samples there, and any one endpoint serving that directory
+(``start_metrics_server`` in the claimer, or Dramatiq's own on 9191) shows them all.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+import logging
+import os
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import multiprocess as _multiprocess
+
+from outbox.backlog import Backlog, backlog_operation
+from outbox.store import Store
+
+log = logging.getLogger("outbox.metrics")
 
 ATTEMPTS = Counter(
     "outbox_action_attempts",
@@ -23,3 +44,88 @@ def record_attempt(kind: str, result: str, recorded: bool) -> None:
 
 def record_ended(kind: str, state: str, reason: str) -> None:
     ENDED.labels(kind=kind, state=state, reason=reason).inc()
+
+
+# Gauges read the database, not this process: in multiprocess mode the most recent value of a
+# live process is the truth ("livemostrecent"); a dead claimer's stale value is dropped.
+DUE = Gauge(
+    "outbox_actions_due",
+    "Admitted actions that are due and not expired, by kind",
+    ["kind"],
+    multiprocess_mode="livemostrecent",
+)
+OLDEST_DUE_AGE = Gauge(
+    "outbox_oldest_due_age_seconds",
+    "How long the oldest due action of a kind has been due, by the database clock",
+    ["kind"],
+    multiprocess_mode="livemostrecent",
+)
+IN_FLIGHT = Gauge(
+    "outbox_actions_in_flight",
+    "Actions claimed and not yet finished (lease still running), by kind and Dramatiq queue",
+    ["kind", "queue"],
+    multiprocess_mode="livemostrecent",
+)
+BLOCKED_LANES = Gauge(
+    "outbox_lanes_blocked",
+    "Lanes whose head waits for a retry while later actions wait behind it, by the head's kind",
+    ["kind"],
+    multiprocess_mode="livemostrecent",
+)
+
+
+def set_backlog_gauges(backlog: Backlog) -> None:
+    """Sets every gauge for every kind in ``backlog`` (zeros included, so a drained backlog
+    reads 0 rather than its last non-zero value)."""
+    for item in backlog.kinds.values():
+        DUE.labels(kind=item.kind).set(item.due)
+        OLDEST_DUE_AGE.labels(kind=item.kind).set(item.oldest_due_age)
+        IN_FLIGHT.labels(kind=item.kind, queue=item.queue).set(item.in_flight)
+        BLOCKED_LANES.labels(kind=item.kind).set(item.blocked_lanes)
+
+
+async def refresh_backlog_gauges(store: Store) -> Backlog:
+    """Reads the backlog (three short statements) and sets the gauges; the claimer calls this on
+    its housekeeping timer."""
+    backlog = await store.run(backlog_operation(store.schema))
+    set_backlog_gauges(backlog)
+    return backlog
+
+
+def multiprocess_dir() -> str | None:
+    """The multiprocess directory, when this process runs in prometheus_client's multiprocess
+    mode (the variable must be set before prometheus_client is first imported)."""
+    # prometheus_client still honours the old lower-case name; so does Dramatiq.
+    legacy = "prometheus_multiproc_dir"
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get(legacy)
+
+
+def metrics_registry() -> CollectorRegistry:
+    """What an endpoint serves: every process's samples in multiprocess mode, else this one's."""
+    path = multiprocess_dir()
+    if path is None:
+        return REGISTRY
+    registry = CollectorRegistry()
+    _multiprocess.MultiProcessCollector(registry, path=path)
+    return registry
+
+
+def start_metrics_server(port: int, addr: str = "0.0.0.0") -> WSGIServer:
+    """Serves ``/metrics`` on ``addr:port`` from a daemon thread and returns the server
+    (``server.server_port`` is the bound port when ``port`` is 0; ``server.shutdown()`` stops it).
+    """
+    server, _thread = start_http_server(port, addr=addr, registry=metrics_registry())
+    log.info(
+        "serving metrics on %s:%d",
+        addr,
+        server.server_port,
+        extra={"event": "metrics_server", "port": server.server_port},
+    )
+    return server
+
+
+def mark_process_dead(pid: int | None = None) -> None:
+    """In multiprocess mode, drops a process's live gauges when it exits (call at shutdown)."""
+    path = multiprocess_dir()
+    if path is not None:
+        _multiprocess.mark_process_dead(os.getpid() if pid is None else pid, path)

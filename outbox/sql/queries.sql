@@ -217,3 +217,52 @@ ON CONFLICT (name) DO UPDATE
        declared_at = now()
  WHERE (agent_action_kind.at_most_once, agent_action_kind.instance_level)
        IS DISTINCT FROM (excluded.at_most_once, excluded.instance_level)
+
+-- name: backlog_by_kind
+-- Per declared kind: admitted actions that are due (and not expired), and the age in seconds of
+-- the oldest one by the database clock (0 when none). Reads ix_agent_action_due.
+SELECT k.name AS kind,
+       count(a.id) AS due,
+       coalesce(extract(epoch FROM now() - min(a.available_at)), 0)::float8 AS oldest_due_age
+  FROM {schema}.agent_action_kind k
+  LEFT JOIN {schema}.agent_action a
+    ON a.kind = k.name AND a.state = 'ADMITTED' AND a.available_at <= now()
+   AND (a.expires_at IS NULL OR a.expires_at > now())
+ GROUP BY k.name
+ ORDER BY k.name
+
+-- name: blocked_lanes_by_kind
+-- Lanes whose head is waiting for a retry (it was attempted and came back ADMITTED) while later
+-- actions wait behind it, per kind of the head. Reads the lane table and ix_agent_action_lane_waiting.
+SELECT h.kind, count(*) AS lanes
+  FROM {schema}.agent_action_lane l
+  JOIN {schema}.agent_action h ON h.id = l.head_id
+ WHERE l.executing_id IS NULL AND h.state = 'ADMITTED' AND h.attempt > 0
+   AND EXISTS (SELECT 1 FROM {schema}.agent_action b
+                WHERE b.lane_key = l.lane_key AND b.state IN ('PROPOSED', 'ADMITTED')
+                  AND b.id > h.id)
+ GROUP BY h.kind
+
+-- name: counts_by_kind_and_state
+-- Status: how many actions each kind has in each state (a full count; an operator's command).
+SELECT kind, state, count(*) AS n FROM {schema}.agent_action GROUP BY kind, state ORDER BY kind, state
+
+-- name: latest_ended_in_state
+-- Status: the most recently ended actions in one state, newest first, without their payload.
+SELECT id, kind, state, stop_reason, workspace_id, lane_key, attempt, max_attempts, created_at,
+       ended_at
+  FROM {schema}.agent_action
+ WHERE ended_at IS NOT NULL AND state = %(state)s
+ ORDER BY ended_at DESC, id DESC
+ LIMIT %(limit)s
+
+-- name: lane_of_action
+-- Inspect: the lane row of an action's lane (if the lane has live actions) and how many waiting
+-- actions of that lane come before it.
+SELECT l.head_id, l.head_kind, l.head_due_at, l.executing_id,
+       (SELECT count(*) FROM {schema}.agent_action b
+         WHERE b.lane_key = %(lane_key)s AND b.state IN ('PROPOSED', 'ADMITTED')
+           AND b.id < %(id)s) AS waiting_before,
+       now() AS db_now
+  FROM (SELECT 1) one
+  LEFT JOIN {schema}.agent_action_lane l ON l.lane_key = %(lane_key)s

@@ -1,0 +1,55 @@
+"""The backlog as an operator sees it, per kind: due actions, the oldest one's age, actions in
+flight, and lanes blocked behind a retrying head. Read by ``outbox status`` and the metrics
+gauges; every number comes from the database and its clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from outbox._io import Operation, Statement
+from outbox.kinds import ActionKind
+from outbox.queries import queries_for
+
+
+@dataclass(frozen=True, slots=True)
+class KindBacklog:
+    """One kind's backlog. ``oldest_due_age`` is in seconds (0 when nothing is due)."""
+
+    kind: str
+    due: int = 0
+    oldest_due_age: float = 0.0
+    in_flight: int = 0
+    blocked_lanes: int = 0
+
+    @property
+    def queue(self) -> str:
+        """The Dramatiq queue that carries this kind's messages."""
+        return ActionKind(self.kind).queue_name
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """Every declared kind's backlog, by kind name."""
+
+    kinds: dict[str, KindBacklog] = field(default_factory=dict)
+
+
+def backlog_operation(schema: str) -> Operation[Backlog]:
+    """Three short reads: due per kind, in flight per kind, blocked lanes per kind."""
+    q = queries_for(schema)
+    due_rows = yield Statement(q["backlog_by_kind"])
+    flight_rows = yield Statement(q["executing_by_kind"])
+    blocked_rows = yield Statement(q["blocked_lanes_by_kind"])
+    in_flight = {r["kind"]: int(r["n"]) for r in flight_rows}
+    blocked = {r["kind"]: int(r["lanes"]) for r in blocked_rows}
+    kinds = {
+        r["kind"]: KindBacklog(
+            kind=r["kind"],
+            due=int(r["due"]),
+            oldest_due_age=float(r["oldest_due_age"]),
+            in_flight=in_flight.get(r["kind"], 0),
+            blocked_lanes=blocked.get(r["kind"], 0),
+        )
+        for r in due_rows
+    }
+    return Backlog(kinds)
