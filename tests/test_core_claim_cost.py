@@ -1,0 +1,111 @@
+"""A claim costs what the due lane heads cost, not what the backlog behind them costs.
+
+Compared by the buffers the claim statement touches (EXPLAIN ANALYZE BUFFERS), not wall time.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from outbox import ActionKind
+from outbox.queries import queries_for
+
+NOTE = ActionKind("NOTE")
+
+
+def fill(conn, schema: str, *, hot_lane: int, single_lanes: int, ended: int = 0) -> None:
+    """``hot_lane`` actions in one lane, due first, then ``single_lanes`` one-action lanes."""
+    conn.execute(f'SET search_path TO "{schema}"')
+    if ended:
+        # History: ended actions, inserted waiting and ended in bulk (the trigger allows it).
+        conn.execute(
+            "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,"
+            " available_at) SELECT 'NOTE', 'w', 'old-' || g, 'old-' || g, '{}', now() - interval '2 days'"
+            " FROM generate_series(1, %s) g",
+            (ended,),
+        )
+        conn.execute(
+            "UPDATE agent_action SET state = 'CANCELLED', stop_reason = 'TEST', payload = NULL,"
+            " ended_at = now()"
+        )
+    if hot_lane:
+        conn.execute(
+            "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,"
+            " available_at) SELECT 'NOTE', 'w', 'hot', 'hot-' || g, '{}',"
+            " now() - interval '1 day' + g * interval '1 ms' FROM generate_series(1, %s) g",
+            (hot_lane,),
+        )
+    conn.execute(
+        "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,"
+        " available_at) SELECT 'NOTE', 'w', 'single-' || g, 'single-' || g, '{}',"
+        " now() - interval '1 hour' FROM generate_series(1, %s) g",
+        (single_lanes,),
+    )
+    conn.commit()
+    # Steady state: autovacuum has cleaned up behind the bulk load, as it would in production.
+    conn.autocommit = True
+    conn.execute("VACUUM ANALYZE agent_action")
+    conn.execute("VACUUM ANALYZE agent_action_lane")
+    conn.autocommit = False
+
+
+def _rows_visited(node: dict) -> int:
+    own = node["Actual Rows"] * node["Actual Loops"]
+    return own + sum(_rows_visited(child) for child in node.get("Plans", []))
+
+
+def claim_buffers(conn, schema: str, limit: int = 100) -> tuple[int, int, int]:
+    """(buffers touched, rows visited by the plan, rows claimed) of one claim batch, rolled
+    back."""
+    sql = queries_for(schema)["claim_heads"]
+    with conn.transaction(force_rollback=True):
+        (plan,) = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql,
+            {"kind": "NOTE", "limit": limit, "lease": timedelta(minutes=5)},
+        ).fetchone()
+    top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+    buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+    return buffers, _rows_visited(top), top["Actual Rows"]
+
+
+def outbox_on(make_outbox):
+    ob = make_outbox()
+    ob.declare(NOTE)
+    ob.migrate()
+    return ob
+
+
+@pytest.mark.slow
+def test_a_hot_lane_costs_a_claim_no_more_than_a_small_table(make_outbox, database_url, schema):
+    outbox_on(make_outbox)
+    with psycopg.connect(database_url) as conn:
+        fill(conn, schema, hot_lane=0, single_lanes=1_000)
+        small, small_visited, small_rows = claim_buffers(conn, schema)
+        conn.execute(f'TRUNCATE "{schema}".agent_action, "{schema}".agent_action_lane')
+        conn.commit()
+        fill(conn, schema, hot_lane=100_000, single_lanes=1_000)
+        hot, hot_visited, hot_rows = claim_buffers(conn, schema)
+    assert small_rows == hot_rows == 100
+    assert hot_visited <= 1.5 * small_visited, (hot_visited, small_visited)
+    assert hot <= 1.5 * small, (hot, small)
+
+
+@pytest.mark.slow
+def test_history_costs_a_claim_nothing(make_outbox, database_url, schema):
+    outbox_on(make_outbox)
+    with psycopg.connect(database_url) as conn:
+        fill(conn, schema, hot_lane=0, single_lanes=1_000)
+        small, small_visited, _ = claim_buffers(conn, schema)
+        conn.execute(f'TRUNCATE "{schema}".agent_action, "{schema}".agent_action_lane')
+        conn.commit()
+        fill(conn, schema, hot_lane=0, single_lanes=1_000, ended=200_000)
+        with_history, visited, rows_claimed = claim_buffers(conn, schema)
+    assert rows_claimed == 100
+    # The rows visited are the same; the buffers grow only with the B-tree depth of the
+    # primary-key and idempotency indexes (one level more at 200,000 rows).
+    assert visited <= 1.5 * small_visited, (visited, small_visited)
+    assert with_history <= 1.5 * small, (with_history, small)

@@ -1,0 +1,234 @@
+"""Lanes: one executing action a lane, in id order, under concurrent claimers; expiry; proposals;
+and the lane rows always equal what agent_action says (checked by hypothesis)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from outbox import ActionKind, ActionRequest, Done, Retry, StopReason, admit, enqueue, refuse
+from outbox.testing import drain
+from tests.support import Recorder, ScriptedAdapter, expected_lanes, lanes, rows
+
+NOTE = ActionKind("NOTE")
+
+
+def build(make_outbox, adapter, **settings):
+    ob = make_outbox(**settings)
+    ob.register(NOTE, adapter)
+    ob.migrate()
+    return ob
+
+
+def request(lane: str, key: str, **fields) -> ActionRequest:
+    return ActionRequest(NOTE, lane_key=lane, idempotency_key=key, workspace_id="w", **fields)
+
+
+def test_actions_of_a_lane_run_in_id_order_and_never_overlap(make_outbox, conn, schema):
+    recorder = Recorder()
+    ob = build(make_outbox, ScriptedAdapter(delay=0.01, recorder=recorder))
+    ids = {"A": [], "B": []}
+    for i in range(5):
+        for lane in ("A", "B"):
+            ids[lane].append(enqueue(conn, request(lane, f"{lane}{i}"), schema=schema).id)
+    conn.commit()
+    drain(ob)
+    assert recorder.order == ids
+    assert recorder.overlaps == []
+
+
+def test_a_retried_head_holds_its_lane_until_it_ends(make_outbox, conn, schema):
+    recorder = Recorder()
+    tries = {"n": 0}
+
+    def script(attempt):
+        if attempt.payload["head"] and tries["n"] < 2:
+            tries["n"] += 1
+            return Retry()
+        return Done()
+
+    ob = build(make_outbox, ScriptedAdapter(script, recorder=recorder))
+    head = enqueue(conn, request("L", "head", payload={"head": True}), schema=schema)
+    tail = enqueue(conn, request("L", "tail", payload={"head": False}), schema=schema)
+    conn.commit()
+    drain(ob)
+    assert recorder.order["L"] == [head.id, head.id, head.id, tail.id]
+
+
+def test_a_proposal_blocks_its_lane_until_admitted(make_outbox, conn, schema):
+    recorder = Recorder()
+    ob = build(make_outbox, ScriptedAdapter(recorder=recorder))
+    proposal = enqueue(conn, request("L", "p", proposal=True), schema=schema)
+    later = enqueue(conn, request("L", "later"), schema=schema)
+    conn.commit()
+    assert drain(ob).attempts == 0
+    admit(conn, proposal.id, schema=schema)
+    conn.commit()
+    drain(ob)
+    assert recorder.order["L"] == [proposal.id, later.id]
+
+
+def test_a_refused_proposal_frees_its_lane(make_outbox, conn, schema):
+    recorder = Recorder()
+    ob = build(make_outbox, ScriptedAdapter(recorder=recorder))
+    proposal = enqueue(conn, request("L", "p", proposal=True), schema=schema)
+    later = enqueue(conn, request("L", "later"), schema=schema)
+    refuse(conn, proposal.id, schema=schema)
+    conn.commit()
+    drain(ob)
+    assert recorder.order["L"] == [later.id]
+    states = [(r["state"], r["stop_reason"]) for r in rows(conn, schema)]
+    assert states == [("CANCELLED", StopReason.REFUSED), ("DONE", "DONE")]
+
+
+def test_waiting_actions_past_expiry_end_cancelled_expired(make_outbox, conn, schema):
+    recorder = Recorder()
+    ob = build(make_outbox, ScriptedAdapter(recorder=recorder))
+    soon = datetime.now(UTC) + timedelta(minutes=5)
+    enqueue(conn, request("A", "admitted", expires_at=soon), schema=schema)
+    enqueue(conn, request("B", "proposed", expires_at=soon, proposal=True), schema=schema)
+    enqueue(conn, request("C", "no-expiry"), schema=schema)
+    conn.execute(
+        f"UPDATE \"{schema}\".agent_action SET expires_at = now() - interval '1 second'"
+        " WHERE expires_at IS NOT NULL"
+    )
+    conn.commit()
+    drain(ob)
+    assert [(r["idempotency_key"], r["state"], r["stop_reason"]) for r in rows(conn, schema)] == [
+        ("admitted", "CANCELLED", StopReason.EXPIRED),
+        ("proposed", "CANCELLED", StopReason.EXPIRED),
+        ("no-expiry", "DONE", "DONE"),
+    ]
+    assert len(recorder.attempts) == 1
+
+
+@pytest.mark.slow
+def test_four_threads_claiming_ten_thousand_actions_run_each_once_in_lane_order(
+    make_outbox, database_url, schema
+):
+    recorder = Recorder()
+    ob = build(make_outbox, ScriptedAdapter(recorder=recorder), batch_size=50)
+    expected: dict[str, list[int]] = {}
+    with psycopg.connect(database_url) as conn:
+        for i in range(10_000):
+            lane = f"lane-{i % 100}"
+            action = enqueue(conn, request(lane, f"k{i}"), schema=schema)
+            expected.setdefault(lane, []).append(action.id)
+        conn.commit()
+
+    errors: list[BaseException] = []
+
+    async def claimer() -> None:
+        async with ob.store() as store:
+            executor = ob.executor(store)
+            idle = 0
+            while idle < 3:
+                outcomes = await ob.claim_and_run(executor)
+                idle = 0 if outcomes else idle + 1
+                if not outcomes:
+                    await asyncio.sleep(0.05)
+
+    def thread() -> None:
+        try:
+            asyncio.run(claimer())
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=thread) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert recorder.overlaps == []
+    assert set(recorder.calls.values()) == {1} and len(recorder.calls) == 10_000
+    assert dict(recorder.order) == expected
+    with psycopg.connect(database_url) as conn:
+        done = conn.execute(
+            f"SELECT count(*) FROM \"{schema}\".agent_action WHERE state = 'DONE'"
+        ).fetchone()
+        assert done == (10_000,)
+        assert lanes(conn, schema) == []
+
+
+# -- the lane rows are a pure function of agent_action -------------------------------------------
+
+OPERATIONS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["enqueue", "propose", "admit", "claim", "done", "retry", "erase", "expire"]
+        ),
+        st.integers(min_value=0, max_value=3),  # which lane
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@pytest.fixture
+def lane_db(make_outbox, database_url, schema):
+    build(make_outbox, ScriptedAdapter())
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{schema}"')
+        yield conn
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(operations=OPERATIONS)
+def test_lane_rows_always_equal_what_the_actions_say(lane_db, schema, operations):
+    conn = lane_db
+    conn.execute("DELETE FROM agent_action")
+    for n, (op, lane_no) in enumerate(operations):
+        lane = f"L{lane_no}"
+        if op in ("enqueue", "propose"):
+            enqueue(
+                conn,
+                request(lane, f"h{n}-{lane}-{id(operations)}", proposal=op == "propose"),
+                schema=schema,
+            )
+        elif op == "admit":
+            conn.execute(
+                "UPDATE agent_action SET state = 'ADMITTED' WHERE id = (SELECT min(id) FROM"
+                " agent_action WHERE lane_key = %s AND state = 'PROPOSED')",
+                (lane,),
+            )
+        elif op == "claim":
+            conn.execute(
+                "UPDATE agent_action a SET state = 'EXECUTING', epoch = epoch + 1,"
+                " attempt = attempt + 1, lease_until = now() + interval '1 minute'"
+                " FROM agent_action_lane l WHERE l.lane_key = %s AND a.id = l.head_id"
+                " AND l.executing_id IS NULL AND a.state = 'ADMITTED'",
+                (lane,),
+            )
+        elif op in ("done", "retry"):
+            change = (
+                "state = 'DONE', stop_reason = 'DONE', payload = NULL, ended_at = now()"
+                if op == "done"
+                else "state = 'ADMITTED', lease_until = NULL, available_at = now() + interval '1s'"
+            )
+            conn.execute(
+                f"UPDATE agent_action SET {change} WHERE lane_key = %s AND state = 'EXECUTING'",
+                (lane,),
+            )
+        elif op == "erase":
+            conn.execute(
+                "DELETE FROM agent_action WHERE id = (SELECT min(id) FROM agent_action"
+                " WHERE lane_key = %s AND state IN ('PROPOSED', 'ADMITTED', 'EXECUTING'))",
+                (lane,),
+            )
+        elif op == "expire":
+            conn.execute(
+                "UPDATE agent_action SET state = 'CANCELLED', stop_reason = 'EXPIRED',"
+                " payload = NULL, ended_at = now() WHERE id = (SELECT max(id) FROM agent_action"
+                " WHERE lane_key = %s AND state IN ('PROPOSED', 'ADMITTED'))",
+                (lane,),
+            )
+        assert lanes(conn, schema) == expected_lanes(conn, schema), (n, op, lane)
