@@ -24,7 +24,8 @@ def fill(conn, schema: str, *, hot_lane: int, single_lanes: int, ended: int = 0)
         # History: ended actions, inserted waiting and ended in bulk (the trigger allows it).
         conn.execute(
             "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,"
-            " available_at) SELECT 'NOTE', 'w', 'old-' || g, 'old-' || g, '{}', now() - interval '2 days'"
+            " available_at) SELECT 'NOTE', 'w', 'old-' || g, 'old-' || g, '{}',"
+            " now() - interval '2 days'"
             " FROM generate_series(1, %s) g",
             (ended,),
         )

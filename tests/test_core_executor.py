@@ -131,7 +131,8 @@ def test_retry_waits_with_backoff_and_clears_the_fence(make_outbox, database_url
     assert outcome.recorded and outcome.state is ActionState.ADMITTED
     with psycopg.connect(database_url) as conn:
         wait = conn.execute(
-            f'SELECT available_at - now(), write_started_at, lease_until FROM "{schema}".agent_action'
+            "SELECT available_at - now(), write_started_at, lease_until"
+            f' FROM "{schema}".agent_action'
         ).fetchone()
     assert timedelta(seconds=4) < wait[0] <= timedelta(seconds=10)
     assert wait[1:] == (None, None)
