@@ -8,6 +8,7 @@ shows a payload in the status; inspect shows the payload of a live action (ended
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -126,6 +127,14 @@ def json_default(value: Any) -> Any:
     return str(value)
 
 
+def _show(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=json_default, sort_keys=True)
+    return str(json_default(value)) if isinstance(value, datetime | timedelta) else str(value)
+
+
 def render_status(report: StatusReport) -> str:
     """The human form of ``outbox status``."""
     lines = ["kind                 due  oldest_due_s  in_flight  blocked_lanes  states"]
@@ -154,9 +163,7 @@ def render_inspect(found: dict[str, Any]) -> str:
     """The human form of ``outbox inspect``."""
     action = found["action"]
     lines = [f"action {action['id']}"]
-    lines += [
-        f"  {name:<19} {json_default(v) if v is not None else '-'}" for name, v in action.items()
-    ]
+    lines += [f"  {name:<19} {_show(value)}" for name, value in action.items()]
     lane = found["lane"]
     lines.append(
         f"lane {lane['lane_key']}: head {lane['head_id'] or '-'}, executing "
