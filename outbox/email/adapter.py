@@ -1,0 +1,228 @@
+"""``EmailAdapter``: the adapter of the built-in ``EMAIL`` kind, and the only code that speaks SMTP.
+
+One attempt: prepare the notice again from the payload's event (a recipient who can no longer
+receive it ends the action CANCELLED), build the message, pass the fence, then run one SMTP
+session step by step so that a failure is classified by the phase it happened in:
+
+=========================================  ===================================================
+failure                                    result
+=========================================  ===================================================
+connection refused or failed, greeting,    ``Retry``: the relay holds nothing yet
+EHLO, STARTTLS, login (any reply)
+4xx reply to MAIL, RCPT or DATA            ``Retry``: the relay said "not now"
+5xx reply to MAIL, RCPT or DATA            ``Failed``: the relay refused it for good
+timeout or dropped connection before DATA  ``Retry``
+timeout or dropped connection once DATA    ``Uncertain``: the relay may have queued it; an
+began                                      at-most-once email is never sent twice
+250 after the message                      ``Done(relay's reply)``
+=========================================  ===================================================
+
+Logs name the notice, the action and the Message-ID; never an address, a credential, or the
+relay's reply text (relays echo addresses in it).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Iterable
+from datetime import timedelta
+from email import policy
+from email.message import EmailMessage
+
+import aiosmtplib
+
+from outbox.attempt import ActionAttempt
+from outbox.email.message import build_message
+from outbox.email.notice import (
+    CannotReceive,
+    EmailNotice,
+    NoticeRegistry,
+    PreparedEmail,
+    RecipientCannotReceive,
+    outcome,
+)
+from outbox.email.smtp_url import SmtpSettings
+from outbox.results import Abandoned, Cancelled, Defer, Done, Failed, Result, Retry, Uncertain
+
+log = logging.getLogger("outbox.email")
+
+#: A payload naming a notice this process does not know goes back to wait this long (its attempt
+#: given back), so that a process that has it (a newer deployment) can send it. ``expires_after``
+#: bounds how long that can go on.
+UNKNOWN_NOTICE_DEFER = timedelta(seconds=30)
+#: Longest relay reply kept as ``readback_ref``.
+MAX_REF_LENGTH = 200
+
+
+class Phase(enum.Enum):
+    """Where in the SMTP session a failure happened; it decides the result."""
+
+    CONNECT = "CONNECT"
+    EHLO = "EHLO"
+    STARTTLS = "STARTTLS"
+    LOGIN = "LOGIN"
+    MAIL = "MAIL"
+    RCPT = "RCPT"
+    DATA = "DATA"
+
+
+#: Phases before the mail transaction: whatever the reply, the relay holds nothing of it.
+_BEFORE_TRANSACTION = frozenset({Phase.CONNECT, Phase.EHLO, Phase.STARTTLS, Phase.LOGIN})
+
+
+def classify(phase: Phase, error: Exception) -> Result:
+    """The result of an SMTP failure, by the phase it happened in (see the module's table)."""
+    if isinstance(error, aiosmtplib.SMTPResponseException):
+        code = error.code
+        # A bad greeting is a reply to the connection: name it so an operator can tell.
+        label = "GREETING" if phase is Phase.CONNECT else phase.value
+        reason = f"SMTP_{label}_{code}"
+        if phase in _BEFORE_TRANSACTION or 400 <= code < 500:
+            return Retry(reason=reason)
+        if 500 <= code < 600:
+            return Failed(reason)
+        # A reply that is neither success nor a refusal: only DATA can have queued something.
+        return Uncertain(reason) if phase is Phase.DATA else Retry(reason=reason)
+    if isinstance(error, TimeoutError):
+        what = "TIMEOUT"
+    elif phase is Phase.CONNECT:
+        what = "FAILED"  # refused, unreachable, TLS handshake, or closed before the greeting
+    elif isinstance(error, ConnectionError | aiosmtplib.SMTPServerDisconnected):
+        what = "DISCONNECTED"
+    else:
+        what = "ERROR"
+    reason = f"SMTP_{phase.value}_{what}"
+    return Uncertain(reason) if phase is Phase.DATA else Retry(reason=reason)
+
+
+class EmailAdapter:
+    """Sends ``EMAIL`` actions through one SMTP relay.
+
+    ``EmailAdapter(SmtpSettings.from_url(url, sender), [PasswordReset(), Welcome()])`` and
+    ``outbox.register(outbox.EMAIL, adapter)``. The payload is ``{"notice": name, "event": {...}}``
+    (see ``enqueue_email``); the message is rendered anew on every attempt, never stored.
+    """
+
+    def __init__(
+        self, smtp: SmtpSettings, notices: Iterable[EmailNotice] | NoticeRegistry = ()
+    ) -> None:
+        self.smtp = smtp
+        self.notices = notices if isinstance(notices, NoticeRegistry) else NoticeRegistry(notices)
+        self._sender = smtp.sender_address()
+
+    def register(self, notice: EmailNotice) -> EmailNotice:
+        """Adds a notice this adapter can send."""
+        return self.notices.register(notice)
+
+    def __repr__(self) -> str:
+        return f"EmailAdapter({self.smtp}, notices={[n.name for n in self.notices]})"
+
+    async def execute(self, attempt: ActionAttempt) -> Result:
+        """Prepares again, passes the fence right before connecting, and sends once."""
+        payload = attempt.payload
+        if (
+            not isinstance(payload, dict)
+            or not isinstance(payload.get("notice"), str)
+            or not isinstance(payload.get("event"), dict)
+        ):
+            return Failed("EMAIL_BAD_PAYLOAD")
+        name = payload["notice"]
+        if name not in self.notices:
+            log.error("email action %s names unknown notice %r: given back", attempt.id, name)
+            return Defer(UNKNOWN_NOTICE_DEFER, "EMAIL_UNKNOWN_NOTICE")
+        prepared = await self._prepare(self.notices.get(name), payload["event"])
+        if isinstance(prepared, CannotReceive):
+            log.info(
+                "email %s action %s cancelled: recipient %s", name, attempt.id, prepared.reason
+            )
+            return Cancelled(prepared.reason)
+        message = build_message(prepared, self._sender, attempt.idempotency_key)
+        message_id = str(message["Message-ID"])
+        # The fence comes after everything that can fail without the relay, right before the
+        # first byte goes to it: a refused fence means another holder owns the action.
+        if not await attempt.fence().begin_write():
+            return Abandoned()
+        result = await self._send(message, prepared.to)
+        level = logging.INFO if isinstance(result, Done) else logging.WARNING
+        log.log(
+            level,
+            "email %s action %s attempt %s message_id=%s: %s %s",
+            name,
+            attempt.id,
+            attempt.attempt,
+            message_id,
+            type(result).__name__.lower(),
+            getattr(result, "reason", None) or "",
+        )
+        return result
+
+    @staticmethod
+    async def _prepare(notice: EmailNotice, event: dict) -> PreparedEmail | CannotReceive:
+        try:
+            return outcome(await notice.prepare_async(event))
+        except RecipientCannotReceive as refused:
+            return CannotReceive(refused.reason)
+
+    async def _send(self, message: EmailMessage, recipient: str) -> Result:
+        """One SMTP session, one command at a time so each failure has a phase."""
+        smtp = self.smtp
+        client = aiosmtplib.SMTP(
+            hostname=smtp.host,
+            port=smtp.port,
+            use_tls=smtp.implicit_tls,
+            start_tls=False,  # we send STARTTLS ourselves, so its failure has its own phase
+            timeout=smtp.timeout,
+            tls_context=smtp.tls_context,
+            local_hostname=smtp.local_hostname,
+        )
+        phase = Phase.CONNECT
+        accepted = False
+        try:
+            await client.connect()
+            phase = Phase.EHLO
+            await _hello(client)
+            if smtp.starttls:
+                phase = Phase.STARTTLS
+                await client.starttls()
+                phase = Phase.EHLO
+                await _hello(client)  # RFC 3207: forget what was said before TLS
+            if smtp.username is not None:
+                phase = Phase.LOGIN
+                await client.login(smtp.username, smtp.password or "")
+            phase = Phase.MAIL
+            utf8 = not (self._sender.addr_spec.isascii() and recipient.isascii())
+            if utf8 and not client.supports_extension("smtputf8"):
+                return Failed("SMTP_NO_SMTPUTF8")  # nothing sent yet: this relay never can
+            options = ["SMTPUTF8"] if utf8 else []
+            encoding = "utf-8" if utf8 else "ascii"
+            await client.mail(self._sender.addr_spec, options=options, encoding=encoding)
+            phase = Phase.RCPT
+            await client.rcpt(recipient, encoding=encoding)
+            phase = Phase.DATA
+            reply = await client.data(
+                message.as_bytes(policy=policy.SMTPUTF8 if utf8 else policy.SMTP)
+            )
+            accepted = True
+        except (aiosmtplib.SMTPException, OSError, TimeoutError) as error:
+            return classify(phase, error)
+        finally:
+            if not accepted:
+                client.close()
+        try:
+            await client.quit()  # a courtesy: the message is already accepted
+        except (aiosmtplib.SMTPException, OSError, TimeoutError):
+            pass
+        finally:
+            client.close()
+        return Done(f"{reply.code} {reply.message}"[:MAX_REF_LENGTH])
+
+
+async def _hello(client: aiosmtplib.SMTP) -> None:
+    """EHLO, falling back to HELO for a relay that only speaks plain SMTP."""
+    try:
+        await client.ehlo()
+    except aiosmtplib.SMTPHeloError:
+        if not client.is_connected:
+            raise
+        await client.helo()
