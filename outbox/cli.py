@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from collections.abc import Callable
 from datetime import timedelta
@@ -15,6 +14,7 @@ import psycopg
 from outbox.erasure import erase_subject
 from outbox.errors import OutboxError
 from outbox.loader import load_app
+from outbox.logs import configure_logging
 from outbox.outbox import Outbox
 from outbox.retention import DEFAULT_BATCH_SIZE as DEFAULT_PRUNE_BATCH
 from outbox.retention import prune
@@ -192,10 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.verbose)  # JSON lines when OUTBOX_LOG_FORMAT=json
     try:
         return int(args.func(args) or 0)
     except OutboxError as error:

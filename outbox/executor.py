@@ -81,6 +81,7 @@ class ActionExecutor:
                 "no adapter for kind %s in this process: action %s given back",
                 action.kind,
                 action.id,
+                extra={"event": "no_adapter", "action_id": action.id, "kind": action.kind},
             )
             return await self._finish(
                 action.id,
@@ -132,6 +133,7 @@ class ActionExecutor:
                     attempt.kind,
                     attempt.id,
                     type(error).__name__,
+                    extra=_error_fields("adapter_error_after_fence", attempt, error),
                 )
                 return Uncertain(StopReason.ADAPTER_ERROR_AFTER_WRITE)
             log.info(
@@ -139,6 +141,7 @@ class ActionExecutor:
                 attempt.kind,
                 attempt.id,
                 type(error).__name__,
+                extra=_error_fields("adapter_error_before_fence", attempt, error),
             )
             return Retry(reason=f"ERROR:{type(error).__name__}")
 
@@ -191,6 +194,16 @@ class ActionExecutor:
         return Outcome(
             action_id, kind, epoch, result, recorded, state if recorded else None, reason
         )
+
+
+def _error_fields(event: str, attempt: ActionAttempt, error: Exception) -> dict[str, object]:
+    # The exception's class only: its text may quote the payload or an address.
+    return {
+        "event": event,
+        "action_id": attempt.id,
+        "kind": attempt.kind,
+        "error": type(error).__name__,
+    }
 
 
 def report_ended(action_id: int, kind: str, state: ActionState, reason: str) -> None:
