@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import threading
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ class Received:
     mail_from: str
     rcpt_tos: tuple[str, ...]
     message: EmailMessage
+    tls: bool
 
     @property
     def message_id(self) -> str:
@@ -41,12 +43,22 @@ def free_port() -> int:
 
 
 class SmtpSink:
-    def __init__(self, username: str | None = None, password: str | None = None) -> None:
+    def __init__(
+        self,
+        username: str | None = None,
+        password: str | None = None,
+        *,
+        starttls: ssl.SSLContext | None = None,
+        implicit_tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.username = username
         self.password = password
+        self.starttls = starttls
+        self.implicit_tls = implicit_tls
         self._lock = threading.Lock()
         self._faults: dict[str, deque[str]] = defaultdict(deque)
         self.connections = 0
+        self.auth_attempts = 0
         self.seen: list[Received] = []  # every message that reached the end of DATA
         self.accepted: list[Received] = []  # those the sink replied 250 to
         self._controller: _Controller | None = None
@@ -74,14 +86,23 @@ class SmtpSink:
     @property
     def url(self) -> str:
         auth = f"{self.username}:{self.password}@" if self.username else ""
-        return f"smtp://{auth}127.0.0.1:{self.port}"
+        scheme = "smtps" if self.implicit_tls else "smtp"
+        query = "?starttls=true" if self.starttls else ""
+        return f"{scheme}://{auth}127.0.0.1:{self.port}{query}"
 
     def start(self) -> SmtpSink:
         kwargs: dict[str, Any] = {}
         if self.username is not None:
             kwargs.update(
-                authenticator=self._authenticate, auth_required=True, auth_require_tls=False
+                authenticator=self._authenticate,
+                auth_required=True,
+                # STARTTLS: AUTH only once TLS is up (aiosmtpd cannot tell implicit TLS apart).
+                auth_require_tls=self.starttls is not None,
             )
+        if self.starttls is not None:
+            kwargs.update(tls_context=self.starttls, require_starttls=True)
+        if self.implicit_tls is not None:
+            kwargs.update(ssl_context=self.implicit_tls)
         self.port = free_port()
         self._controller = _Controller(
             _Handler(self), sink=self, hostname="127.0.0.1", port=self.port, **kwargs
@@ -100,6 +121,8 @@ class SmtpSink:
     def _authenticate(
         self, server: SMTP, session: Session, envelope: Envelope, mechanism: str, auth_data: Any
     ) -> AuthResult:
+        with self._lock:
+            self.auth_attempts += 1
         # An injected fault refuses every mechanism the client tries in that session, as a
         # relay with wrong credentials does.
         if getattr(session, "refuse_auth", False) or self.take("auth") is not None:
@@ -111,12 +134,15 @@ class SmtpSink:
         )
         return AuthResult(success=ok)
 
-    def _record(self, envelope: Envelope) -> Received:
+    def _record(self, server: SMTP, envelope: Envelope) -> Received:
+        """Called with the whole message in hand (end of DATA)."""
         content = envelope.original_content or b""
+        transport = server.transport
         received = Received(
             mail_from=str(envelope.mail_from),
             rcpt_tos=tuple(envelope.rcpt_tos),
             message=message_from_bytes(content, policy=policy.default),  # type: ignore[arg-type]
+            tls=transport is not None and transport.get_extra_info("ssl_object") is not None,
         )
         with self._lock:
             self.seen.append(received)
@@ -181,7 +207,7 @@ class _Handler:
 
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
         fault = self.sink.take("data")
-        received = self.sink._record(envelope)
+        received = self.sink._record(server, envelope)
         if fault == "drop":
             # The whole message arrived; the connection dies before the relay's answer.
             assert server.transport is not None

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-from outbox import Outbox
-from outbox.email import CannotReceive, EmailNotice, PreparedEmail
+from outbox import EMAIL, Action, Outbox, get_action
+from outbox.email import (
+    CannotReceive,
+    EmailAdapter,
+    EmailNotice,
+    PreparedEmail,
+    SmtpSettings,
+    enqueue_email,
+)
 from outbox.executor import Outcome
+
+SENDER = "Outbox Tests <noreply@mail.example.com>"
+RECIPIENT = "ada.lovelace@people.example.org"
 
 
 class MemberNotice(EmailNotice):
@@ -88,3 +99,42 @@ def run_one_round(outbox: Outbox) -> list[Outcome]:
             return await outbox.claim_and_run(outbox.executor(store))
 
     return asyncio.run(round_())
+
+
+@dataclass
+class Mail:
+    """One test's outbox with an EmailAdapter on the sink, and a member who can receive."""
+
+    outbox: Outbox
+    notice: MemberNotice
+    adapter: EmailAdapter
+    database_url: str
+    schema: str
+
+    def enqueue(self, account_id: str = "a1", **kwargs) -> int:
+        with psycopg.connect(self.database_url) as conn:
+            action = enqueue_email(
+                conn,
+                self.notice,
+                {"account_id": account_id, "name": "Ada"},
+                subject_account_id=account_id,
+                schema=self.schema,
+                **kwargs,
+            )
+            conn.commit()
+        return action.id
+
+    def action(self, action_id: int) -> Action:
+        with psycopg.connect(self.database_url) as conn:
+            return get_action(conn, action_id, schema=self.schema)
+
+
+def make_mail(make_outbox, database_url: str, schema: str, smtp_url: str, **smtp) -> Mail:
+    outbox = make_outbox()
+    notice = MemberNotice(database_url, schema)
+    adapter = EmailAdapter(SmtpSettings.from_url(smtp_url, SENDER, **smtp), [notice])
+    outbox.register(EMAIL, adapter)
+    outbox.migrate()
+    create_members(database_url, schema)
+    add_member(database_url, schema, "a1", RECIPIENT)
+    return Mail(outbox, notice, adapter, database_url, schema)

@@ -11,33 +11,32 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from datetime import timedelta
 
 import psycopg
 import pytest
 
-from outbox import EMAIL, ActionRequest, ActionState, Outbox, enqueue, get_action
+from outbox import EMAIL, ActionRequest, ActionState, enqueue
 from outbox.email import (
-    EmailAdapter,
     RecipientCannotReceive,
     SmtpSettings,
-    enqueue_email,
+    enqueue_email_async,
     message_id_for,
 )
 from outbox.results import Abandoned, Defer, Done, Failed, Retry
 from outbox.testing import drain
 from tests.email_sink import SmtpSink, free_port
 from tests.email_support import (
-    MemberNotice,
+    RECIPIENT,
+    SENDER,
+    Mail,
     add_member,
-    create_members,
+    make_mail,
     run_one_round,
     set_member,
 )
 
-SENDER = "Outbox Tests <noreply@mail.example.com>"
 USER, PASSWORD = "relay-user", "s3cret-Pa55word"
-RECIPIENT = "ada.lovelace@people.example.org"
 
 # The test relay takes AUTH without TLS (aiosmtpd warns); the TLS path is tested on its own.
 pytestmark = pytest.mark.filterwarnings("ignore:Requiring AUTH:UserWarning")
@@ -48,45 +47,6 @@ def sink() -> Iterator[SmtpSink]:
     server = SmtpSink(USER, PASSWORD).start()
     yield server
     server.stop()
-
-
-@dataclass
-class Mail:
-    """One test's outbox with an EmailAdapter on the sink, and a member who can receive."""
-
-    outbox: Outbox
-    notice: MemberNotice
-    adapter: EmailAdapter
-    database_url: str
-    schema: str
-
-    def enqueue(self, account_id: str = "a1", **kwargs) -> int:
-        with psycopg.connect(self.database_url) as conn:
-            action = enqueue_email(
-                conn,
-                self.notice,
-                {"account_id": account_id, "name": "Ada"},
-                subject_account_id=account_id,
-                schema=self.schema,
-                **kwargs,
-            )
-            conn.commit()
-        return action.id
-
-    def action(self, action_id: int):
-        with psycopg.connect(self.database_url) as conn:
-            return get_action(conn, action_id, schema=self.schema)
-
-
-def make_mail(make_outbox, database_url: str, schema: str, smtp_url: str, **smtp) -> Mail:
-    outbox = make_outbox()
-    notice = MemberNotice(database_url, schema)
-    adapter = EmailAdapter(SmtpSettings.from_url(smtp_url, SENDER, **smtp), [notice])
-    outbox.register(EMAIL, adapter)
-    outbox.migrate()
-    create_members(database_url, schema)
-    add_member(database_url, schema, "a1", RECIPIENT)
-    return Mail(outbox, notice, adapter, database_url, schema)
 
 
 @pytest.fixture
@@ -129,10 +89,38 @@ def test_delivered_email_is_done_with_the_relays_reply_and_every_required_header
     assert action.payload is None
 
 
-def test_payload_holds_only_the_notice_name_and_event(mail: Mail) -> None:
+def test_payload_holds_only_the_notice_name_and_event_and_the_email_expires(mail: Mail) -> None:
     action_id = mail.enqueue()
-    payload = mail.action(action_id).payload
-    assert payload == {"notice": "member-welcome", "event": {"account_id": "a1", "name": "Ada"}}
+    action = mail.action(action_id)
+    assert action.payload == {
+        "notice": "member-welcome",
+        "event": {"account_id": "a1", "name": "Ada"},
+    }
+    assert (action.kind, action.subject_account_id, action.workspace_id) == ("EMAIL", "a1", None)
+    # MemberNotice keeps the default expiry: an email not sent within a day is not sent at all.
+    left = action.expires_at - action.created_at
+    assert timedelta(hours=23) < left <= timedelta(days=1)
+
+
+def test_async_enqueue_prepares_and_refuses_like_the_sync_one(mail: Mail, sink: SmtpSink) -> None:
+    add_member(mail.database_url, mail.schema, "b2", None)
+
+    async def enqueue_both() -> int:
+        async with await psycopg.AsyncConnection.connect(mail.database_url) as conn:
+            with pytest.raises(RecipientCannotReceive, match="NO_ADDRESS"):
+                await enqueue_email_async(
+                    conn, mail.notice, {"account_id": "b2"}, schema=mail.schema
+                )
+            action = await enqueue_email_async(
+                conn, mail.notice, {"account_id": "a1"}, schema=mail.schema
+            )
+            await conn.commit()
+            return action.id
+
+    action_id = asyncio.run(enqueue_both())
+    drain(mail.outbox)
+    assert mail.action(action_id).state is ActionState.DONE
+    assert len(sink.accepted) == 1
 
 
 # Faults the relay can throw, and what each must end in. A Retry-class fault is injected once, so

@@ -3,7 +3,7 @@
 ``smtp://host:25`` (plain), ``smtp://host:587?starttls=true`` (STARTTLS, required: the session
 fails rather than continue in clear), ``smtps://host:465`` (TLS from the first byte), with
 ``user:password@`` (percent-encoded) for AUTH and ``timeout=<seconds>`` for each SMTP reply.
-The password is never part of ``repr`` or ``str``, so settings can be logged safely.
+Neither user name nor password is part of ``repr`` or ``str``, so settings can be logged safely.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class SmtpSettings:
     host: str
     port: int
     sender: str
-    username: str | None = None
+    username: str | None = field(default=None, repr=False)
     password: str | None = field(default=None, repr=False)
     implicit_tls: bool = False
     starttls: bool = False
@@ -118,9 +118,9 @@ class SmtpSettings:
         return address
 
     def __str__(self) -> str:
-        """The URL without its password (safe to log)."""
+        """The URL without its credentials (safe to log: a user name may be an API key)."""
         scheme = "smtps" if self.implicit_tls else "smtp"
-        user = f"{self.username}:***@" if self.username else ""
+        user = "***@" if self.username else ""
         tls = "?starttls=true" if self.starttls else ""
         return f"{scheme}://{user}{self.host}:{self.port}{tls}"
 
