@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
+import time
 from wsgiref.simple_server import WSGIServer
 
+from dramatiq.middleware import Middleware
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client import multiprocess as _multiprocess
 
 from outbox.backlog import Backlog, backlog_operation
+from outbox.config import Settings
 from outbox.store import Store
 
 log = logging.getLogger("outbox.metrics")
@@ -129,3 +133,36 @@ def mark_process_dead(pid: int | None = None) -> None:
     path = multiprocess_dir()
     if path is not None:
         _multiprocess.mark_process_dead(os.getpid() if pid is None else pid, path)
+
+
+def prepare_multiprocess_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """Makes the processes started with ``environ`` share one multiprocess directory: the one it
+    names, else a fresh one. Dramatiq's Prometheus middleware is pointed at the same directory
+    (``dramatiq_prom_db``), so either endpoint shows both. Call it before starting them."""
+    path = environ.get("PROMETHEUS_MULTIPROC_DIR") or environ.get("prometheus_multiproc_dir")
+    if not path:
+        path = tempfile.mkdtemp(prefix="outbox-prometheus-")
+        environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    environ.setdefault("dramatiq_prom_db", path)
+    return path
+
+
+def serve_metrics_fork() -> int:
+    """A Dramatiq fork function: serves every worker process's metrics on
+    ``$OUTBOX_METRICS_PORT`` until Dramatiq stops the fork. ``MetricsExposition`` adds it;
+    by hand: ``dramatiq ... --fork-function outbox.metrics:serve_metrics_fork``."""
+    port = Settings.from_env().metrics_port
+    if not port:
+        return 0
+    start_metrics_server(port)
+    while True:  # the server thread serves; Dramatiq's SIGTERM handler ends this process
+        time.sleep(3600)
+
+
+class MetricsExposition(Middleware):
+    """Makes a ``dramatiq`` worker command fork one process that serves the metrics of all its
+    worker processes (they share the multiprocess directory)."""
+
+    @property
+    def forks(self) -> list:
+        return [serve_metrics_fork]
