@@ -5,6 +5,7 @@ from outbox.action import Action
 from outbox.adapter import ActionAdapter
 from outbox.attempt import ActionAttempt, Fence
 from outbox.config import Settings
+from outbox.email import EmailAdapter, EmailNotice, enqueue_email
 from outbox.enqueuing import (
     admit,
     admit_async,
@@ -51,6 +52,8 @@ __all__ = [
     "Defer",
     "Done",
     "DrainDidNotSettle",
+    "EmailAdapter",
+    "EmailNotice",
     "ErasureReport",
     "Failed",
     "Fence",
@@ -71,6 +74,7 @@ __all__ = [
     "admit_async",
     "enqueue",
     "enqueue_async",
+    "enqueue_email",
     "erase_subject",
     "erase_subject_async",
     "get_action",
