@@ -134,7 +134,11 @@ class EmailAdapter:
         prepared = await self._prepare(self.notices.get(name), payload["event"])
         if isinstance(prepared, CannotReceive):
             log.info(
-                "email %s action %s cancelled: recipient %s", name, attempt.id, prepared.reason
+                "email %s action %s cancelled: recipient %s",
+                name,
+                attempt.id,
+                prepared.reason,
+                extra={"event": "email_cancelled", "action_id": attempt.id, "kind": attempt.kind},
             )
             return Cancelled(prepared.reason)
         message = build_message(prepared, self._sender, attempt.idempotency_key)
@@ -144,16 +148,26 @@ class EmailAdapter:
         if not await attempt.fence().begin_write():
             return Abandoned()
         result = await self._send(message, prepared.to)
-        level = logging.INFO if isinstance(result, Done) else logging.WARNING
+        outcome_name = type(result).__name__.lower()
+        reason = getattr(result, "reason", None) or ""
         log.log(
-            level,
+            logging.INFO if isinstance(result, Done) else logging.WARNING,
             "email %s action %s attempt %s message_id=%s: %s %s",
             name,
             attempt.id,
             attempt.attempt,
             message_id,
-            type(result).__name__.lower(),
-            getattr(result, "reason", None) or "",
+            outcome_name,
+            reason,
+            extra={
+                "event": "email_attempt",
+                "action_id": attempt.id,
+                "kind": attempt.kind,
+                "notice": name,
+                "message_id": message_id,
+                "result": outcome_name,
+                "reason": reason,
+            },
         )
         return result
 
