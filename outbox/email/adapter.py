@@ -51,6 +51,8 @@ log = logging.getLogger("outbox.email")
 #: given back), so that a process that has it (a newer deployment) can send it. ``expires_after``
 #: bounds how long that can go on.
 UNKNOWN_NOTICE_DEFER = timedelta(seconds=30)
+#: Seconds to wait for the reply to QUIT once the message is accepted.
+QUIT_TIMEOUT = 2.0
 #: Longest relay reply kept as ``readback_ref``.
 MAX_REF_LENGTH = 200
 
@@ -224,7 +226,9 @@ class EmailAdapter:
             if not accepted:
                 client.close()
         try:
-            await client.quit()  # a courtesy: the message is already accepted
+            # A courtesy: the message is already accepted, so a relay slow to say goodbye must
+            # not hold the attempt (and its lease) for a whole reply timeout.
+            await client.quit(timeout=min(QUIT_TIMEOUT, smtp.timeout))
         except (aiosmtplib.SMTPException, OSError, TimeoutError):
             pass
         finally:
