@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 
+from outbox.dispatch.commands import setup_claimer, setup_worker
 from outbox.erasure import erase_subject
 from outbox.errors import OutboxError
 from outbox.loader import load_app
@@ -176,6 +177,8 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _setup_erase,
     _setup_status,
     _setup_inspect,
+    setup_claimer,
+    setup_worker,
 ]
 
 

@@ -130,6 +130,18 @@ class Store:
 
         return await self.run(op())
 
+    async def take_attempt(self, action_id: int, epoch: int) -> ClaimedAction | None:
+        """Like ``load_attempt``, and at most once per epoch: a second delivery of the same
+        ``(action_id, epoch)`` message gets None (the Dramatiq actor drops it as Abandoned)."""
+
+        def op() -> Operation[ClaimedAction | None]:
+            rows = yield Statement(
+                queries_for(self.schema)["take_attempt"], {"id": action_id, "epoch": epoch}
+            )
+            return _claimed(rows)[0] if rows else None
+
+        return await self.run(op())
+
     async def begin_write(self, action_id: int, epoch: int, margin: timedelta) -> bool:
         params = {"id": action_id, "epoch": epoch, "margin": margin}
         return await self.run(_single("begin_write", self.schema, params))

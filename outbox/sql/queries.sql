@@ -137,6 +137,24 @@ SELECT a.*, a.lease_until - now() AS lease_left
   FROM {schema}.agent_action a
  WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
 
+-- name: take_attempt
+-- A worker takes the executing action a Dramatiq message names, once per epoch: nothing when the
+-- epoch moved, the action ended or was erased, or another delivery of this epoch took it first.
+UPDATE {schema}.agent_action a SET taken_epoch = a.epoch
+ WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
+   AND a.taken_epoch IS DISTINCT FROM a.epoch
+RETURNING a.*, a.lease_until - now() AS lease_left
+
+-- name: claim_lock
+-- Serialises the dispatch claimers' bounded claims (count in flight, then claim) for one schema,
+-- until the claiming transaction ends, so replicas together keep the in-flight bound.
+SELECT pg_advisory_xact_lock(2830, hashtext(%(schema)s))
+
+-- name: listen_enqueues
+-- Wakes this connection on every enqueueing statement (trigger agent_action_notify). {channel}
+-- is filled in as an identifier: outbox_<schema>.
+LISTEN {channel}
+
 -- name: begin_write
 -- The fence: the write starts only while this claim's epoch holds and at least the write margin
 -- of its lease is left.

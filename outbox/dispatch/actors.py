@@ -1,0 +1,128 @@
+"""One Dramatiq actor per kind, joined to a broker by ``install``.
+
+Each actor takes ``(action_id, epoch)`` and hands it to the process's ``WorkerRuntime``, which
+runs the core ``ActionExecutor`` (the code ``drain`` uses). The outbox owns retries, so Dramatiq
+never retries a message; each kind has its own queue (``ActionKind.queue_name``), so each adapter
+can be scaled by a worker pool of its own.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import dramatiq
+from dramatiq import Actor, Broker
+from dramatiq.middleware import Middleware
+
+from outbox.dispatch.broker import default_broker
+from outbox.dispatch.runtime import WorkerRuntime
+from outbox.metrics import MetricsExposition
+
+if TYPE_CHECKING:
+    from outbox.outbox import Outbox
+
+#: Dramatiq actor names: one per kind, e.g. ``outbox_email``.
+ACTOR_PREFIX = "outbox_"
+
+
+@dataclass
+class Dispatch:
+    """What ``install`` joined to a broker: its actors (by kind name) and the worker runtime."""
+
+    outbox: Outbox
+    broker: Broker
+    runtime: WorkerRuntime
+    actors: dict[str, Actor[Any, Any]] = field(default_factory=dict)
+
+    @property
+    def queues(self) -> list[str]:
+        return sorted(actor.queue_name for actor in self.actors.values())
+
+    def push(self, action_id: int, epoch: int, kind: str) -> None:
+        """Puts one ``(action_id, epoch)`` message on the kind's queue."""
+        self.broker.enqueue(self.actors[kind].message(action_id, epoch))
+
+
+class OutboxRuntimeMiddleware(Middleware):
+    """Opens the outbox's pool when a Dramatiq worker boots and closes it after it stopped."""
+
+    def __init__(self, runtime: WorkerRuntime) -> None:
+        self.runtime = runtime
+
+    def after_worker_boot(self, broker: Broker, worker: Any) -> None:
+        self.runtime.start()
+
+    def after_worker_shutdown(self, broker: Broker, worker: Any) -> None:
+        self.runtime.stop()
+
+
+_installed: weakref.WeakKeyDictionary[Outbox, Dispatch] = weakref.WeakKeyDictionary()
+
+
+def installed(outbox: Outbox) -> Dispatch | None:
+    """The ``Dispatch`` that ``install`` made for ``outbox`` in this process, if any."""
+    return _installed.get(outbox)
+
+
+def actor_options(outbox: Outbox, broker: Broker) -> dict[str, Any]:
+    """Never retried by Dramatiq (the outbox owns retries); time limit = the lease.
+
+    The executor ends an attempt at its lease's end by the database clock, which comes no later
+    than ``lease`` after the message starts (a message is pushed only after its claim), so the
+    time limit never cuts an attempt's own supervision short and only frees a worker thread
+    whose attempt outstayed its lease. Options the broker has no middleware for are left out,
+    so a shop's broker without ``Retries`` or ``TimeLimit`` still takes the actors.
+    """
+    options = {
+        "max_retries": 0,
+        "time_limit": int(outbox.settings.lease.total_seconds() * 1000),
+    }
+    return {name: value for name, value in options.items() if name in broker.actor_options}
+
+
+def _actor_fn(runtime: WorkerRuntime, kind: str) -> Callable[[int, int], None]:
+    def run_action(action_id: int, epoch: int) -> None:
+        runtime.run(kind, action_id, epoch)
+
+    run_action.__name__ = f"{ACTOR_PREFIX}{kind.lower()}"
+    run_action.__qualname__ = run_action.__name__
+    return run_action
+
+
+def install(
+    outbox: Outbox, broker: Broker | None = None, *, kinds: Iterable[str] | None = None
+) -> Dispatch:
+    """Declares one actor per kind with an adapter (or per name in ``kinds``) on ``broker``.
+
+    ``broker`` defaults to the one from ``OUTBOX_BROKER_URL``, else ``dramatiq.get_broker()`` if
+    the application set one, else local Redis. Calling it again for the same outbox returns the
+    first ``Dispatch``. The actors join the broker like any other, with its middleware, so an
+    existing Dramatiq shop runs them with its own ``dramatiq`` command.
+    """
+    known = _installed.get(outbox)
+    if known is not None:
+        if broker is not None and broker is not known.broker:
+            raise ValueError("this outbox is already installed on another broker")
+        return known
+    broker = broker or default_broker(outbox.settings.broker_url)
+    runtime = WorkerRuntime(outbox)
+    broker.add_middleware(OutboxRuntimeMiddleware(runtime))
+    if outbox.settings.metrics_port:
+        # Under `dramatiq`, one forked process serves every worker process's metrics.
+        broker.add_middleware(MetricsExposition())
+    dispatch = Dispatch(outbox, broker, runtime)
+    options = actor_options(outbox, broker)
+    for name in sorted(kinds if kinds is not None else outbox.adapters):
+        kind = outbox.kinds[name]
+        dispatch.actors[name] = dramatiq.actor(
+            _actor_fn(runtime, name),
+            actor_name=f"{ACTOR_PREFIX}{name.lower()}",
+            queue_name=kind.queue_name,
+            broker=broker,
+            **options,
+        )
+    _installed[outbox] = dispatch
+    return dispatch

@@ -1,0 +1,244 @@
+"""The claimer: claims due actions in PostgreSQL and pushes ``(action_id, epoch)`` messages.
+
+Any number of claimers run at once, with no leader. Each round, under a short transaction-scoped
+advisory lock (so replicas together keep the bound), it counts each kind's in-flight actions
+(EXECUTING with a live lease), claims at most ``in_flight`` minus that many (and at most
+``batch_size``), commits, and only then pushes one message per claimed action. A claimer that
+dies between the commit and the push loses nothing: the action's lease runs out and the next
+round reclaims it under a new epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from outbox import metrics
+from outbox._io import Operation, Statement, run_async
+from outbox.dispatch.actors import Dispatch
+from outbox.executor import report_housekeeping
+from outbox.housekeeping import operations_housekeeping
+from outbox.queries import queries_for
+from outbox.store import ClaimedAction, Store, claim_operation
+
+log = logging.getLogger("outbox.claimer")
+
+#: While actions are in flight, their ends free capacity and lane successors without any NOTIFY,
+#: so the claimer looks again this often (a count and a claim: a few cheap statements).
+BUSY_POLL = 0.05
+#: Longest single wait, so a stop request is seen promptly even while nothing happens.
+WAIT_SLICE = 0.25
+
+
+@dataclass
+class Round:
+    """What one claim round did."""
+
+    claimed: list[ClaimedAction] = field(default_factory=list)
+    pushed: int = 0
+    limits: dict[str, int] = field(default_factory=dict)
+    in_flight: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def more_due(self) -> bool:
+        """Some kind got all it asked for: more may be due right now."""
+        by_kind: dict[str, int] = {}
+        for item in self.claimed:
+            by_kind[item.action.kind] = by_kind.get(item.action.kind, 0) + 1
+        return any(n and by_kind.get(kind, 0) >= n for kind, n in self.limits.items())
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.claimed) or any(self.in_flight.values())
+
+
+def bounded_claim_operation(
+    schema: str, kinds: Iterable[str], in_flight: int, batch_size: int, lease: timedelta
+) -> Operation[Round]:
+    """Counts in-flight actions per kind and claims up to the bound; run it in a transaction."""
+    q = queries_for(schema)
+    yield Statement(q["claim_lock"], {"schema": schema})
+    rows = yield Statement(q["executing_by_kind"])
+    counts = {row["kind"]: row["n"] for row in rows}
+    names = list(kinds)
+    current = {kind: counts.get(kind, 0) for kind in names}
+    limits = {kind: max(0, min(batch_size, in_flight - current[kind])) for kind in names}
+    claimed = yield from claim_operation(schema, limits, lease)
+    return Round(claimed=claimed, limits=limits, in_flight=current)
+
+
+class Claimer:
+    """One claimer replica for the kinds of ``dispatch`` (all its actors, or ``kinds``)."""
+
+    def __init__(
+        self, dispatch: Dispatch, store: Store, *, kinds: Iterable[str] | None = None
+    ) -> None:
+        self.dispatch = dispatch
+        self.store = store
+        self.settings = dispatch.outbox.settings
+        self.kinds = sorted(kinds if kinds is not None else dispatch.actors)
+        unknown = set(self.kinds) - set(dispatch.actors)
+        if unknown:
+            raise ValueError(f"no actor installed for kinds {sorted(unknown)}")
+        self._listener: psycopg.AsyncConnection[Any] | None = None
+        self._next_housekeeping = 0.0
+        #: Totals since start, for logs and tests.
+        self.totals: dict[str, int] = {"claimed": 0, "pushed": 0, "push_failed": 0, "rounds": 0}
+
+    async def claim(self) -> Round:
+        """Claims under the bound and commits; nothing is pushed yet."""
+        op = bounded_claim_operation(
+            self.store.schema,
+            self.kinds,
+            self.settings.in_flight,
+            self.settings.batch_size,
+            self.settings.lease,
+        )
+        async with self.store.connection() as conn, conn.transaction():
+            return await run_async(conn, op)
+
+    def push(self, claimed: list[ClaimedAction]) -> int:
+        """Pushes one message per action (after the claim committed); returns how many went.
+
+        A failed push is logged and left to the lease: the action is reclaimed when it runs out.
+        """
+        pushed = 0
+        for item in claimed:
+            action = item.action
+            try:
+                self.dispatch.push(action.id, action.epoch, action.kind)
+                pushed += 1
+            except Exception:
+                self.totals["push_failed"] += 1
+                log.exception(
+                    "push of action %s epoch %s failed; it is reclaimed after its lease",
+                    action.id,
+                    action.epoch,
+                )
+        return pushed
+
+    async def housekeep_if_due(self) -> None:
+        now = time.monotonic()
+        if now < self._next_housekeeping:
+            return
+        self._next_housekeeping = now + self.settings.housekeeping_interval.total_seconds()
+        report_housekeeping(await self.store.housekeep())
+        # Retention and the backlog gauges (outbox.housekeeping): bounded, never fatal.
+        await operations_housekeeping(self.store, self.settings)
+
+    async def run_once(self) -> Round:
+        """Housekeeping when due, one bounded claim, then the pushes."""
+        await self.housekeep_if_due()
+        result = await self.claim()
+        if result.claimed:
+            result.pushed = self.push(result.claimed)
+        self.totals["rounds"] += 1
+        self.totals["claimed"] += len(result.claimed)
+        self.totals["pushed"] += result.pushed
+        return result
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Rounds until ``stop`` is set; a round in progress (its claim and pushes) finishes."""
+        log.info(
+            "claimer started: kinds %s, in-flight bound %s, lease %ss",
+            ", ".join(self.kinds),
+            self.settings.in_flight,
+            self.settings.lease.total_seconds(),
+        )
+        try:
+            while not stop.is_set():
+                wait = self.settings.poll_interval.total_seconds()
+                try:
+                    result = await self.run_once()
+                    if result.more_due:
+                        continue
+                    if result.busy:
+                        wait = min(wait, BUSY_POLL)
+                except (psycopg.Error, OSError):
+                    log.exception("claim round failed; trying again")
+                await self.wait(wait, stop)
+        finally:
+            await self._close_listener()
+            log.info("claimer stopped: %s", self.totals)
+
+    async def wait(self, timeout: float, stop: asyncio.Event) -> None:
+        """Until an enqueue NOTIFY, ``timeout`` seconds, or ``stop``; polling if LISTEN fails."""
+        deadline = time.monotonic() + timeout
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            listener = await self._ensure_listener()
+            if listener is None:
+                await asyncio.sleep(min(left, WAIT_SLICE))
+                continue
+            try:
+                woke = False
+                async for _ in listener.notifies(timeout=min(left, WAIT_SLICE), stop_after=1):
+                    woke = True
+                if woke:
+                    # One round serves every enqueue that came in meanwhile.
+                    async for _ in listener.notifies(timeout=0):
+                        pass
+                    return
+            except psycopg.Error:
+                log.warning("LISTEN connection lost; polling until it is back")
+                await self._close_listener()
+
+    async def _ensure_listener(self) -> psycopg.AsyncConnection[Any] | None:
+        if self._listener is not None and not self._listener.closed:
+            return self._listener
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.settings.require_database_url(), autocommit=True
+            )
+            channel = sql.Identifier(f"outbox_{self.store.schema}")
+            query = sql.SQL(queries_for(self.store.schema)["listen_enqueues"])  # type: ignore[arg-type]
+            await conn.execute(query.format(channel=channel))
+        except psycopg.Error:
+            return None
+        self._listener = conn
+        return conn
+
+    async def _close_listener(self) -> None:
+        if self._listener is not None:
+            await self._listener.close()
+            self._listener = None
+
+
+async def run_claimer_async(
+    dispatch: Dispatch, *, kinds: Iterable[str] | None = None, stop: asyncio.Event | None = None
+) -> Mapping[str, int]:
+    """Runs one claimer until SIGTERM or SIGINT (or ``stop``); returns its totals."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    port = dispatch.outbox.settings.metrics_port
+    server = metrics.start_metrics_server(port) if port else None
+    try:
+        async with dispatch.outbox.store() as store:
+            claimer = Claimer(dispatch, store, kinds=kinds)
+            await claimer.run(stop)
+            return claimer.totals
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        metrics.mark_process_dead()
+
+
+def run_claimer(dispatch: Dispatch, *, kinds: Iterable[str] | None = None) -> Mapping[str, int]:
+    """The sync entry of ``outbox claimer``."""
+    return asyncio.run(run_claimer_async(dispatch, kinds=kinds))

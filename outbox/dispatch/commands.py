@@ -1,0 +1,101 @@
+"""The ``outbox claimer`` and ``outbox worker`` subcommands (registered in ``outbox.cli``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from outbox.dispatch.actors import install
+from outbox.dispatch.claimer import run_claimer
+from outbox.dispatch.entry import APP_ENV
+from outbox.loader import load_app
+from outbox.metrics import prepare_multiprocess_env
+
+#: The module ``dramatiq`` imports in each worker process.
+WORKER_MODULE = "workers.entry"
+
+
+def _add_app(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "app", metavar="APP", help="module:object of the application's Outbox (kinds, adapters)"
+    )
+    parser.add_argument("--database-url", help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL)")
+    parser.add_argument("--schema", help="PostgreSQL schema (default: $OUTBOX_SCHEMA or outbox)")
+    parser.add_argument("--broker-url", help="redis://... or amqp://... ($OUTBOX_BROKER_URL)")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, str]:
+    """Command-line settings as the OUTBOX_* variables the application's Outbox reads."""
+    env = {
+        "OUTBOX_DATABASE_URL": args.database_url,
+        "OUTBOX_SCHEMA": args.schema,
+        "OUTBOX_BROKER_URL": args.broker_url,
+    }
+    return {name: value for name, value in env.items() if value}
+
+
+def _cmd_claimer(args: argparse.Namespace) -> int:
+    os.environ.update(_overrides(args))
+    app = load_app(args.app)
+    app.settings = app.settings.with_overrides(
+        database_url=args.database_url, schema=args.schema, broker_url=args.broker_url
+    )
+    run_claimer(install(app), kinds=args.kinds)
+    return 0
+
+
+def setup_claimer(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "claimer",
+        help="claim due actions and push them onto their kinds' Dramatiq queues (any replicas)",
+    )
+    _add_app(p)
+    p.add_argument("--kinds", nargs="+", help="claim only these kinds (default: every adapter's)")
+    p.set_defaults(func=_cmd_claimer)
+
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """The ``dramatiq`` command line the wrapper runs."""
+    argv = [sys.executable, "-m", "dramatiq", WORKER_MODULE]
+    argv += ["--processes", str(args.processes), "--threads", str(args.threads)]
+    if args.queues:
+        argv += ["--queues", *args.queues]
+    extra = list(args.dramatiq_args or [])
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    return argv + extra
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    os.environ.update(_overrides(args))
+    os.environ[APP_ENV] = args.app
+    app = load_app(args.app)  # fail here, with the outbox's message, rather than in every worker
+    if app.settings.metrics_port:
+        # Worker processes write their samples where the metrics fork (and Dramatiq's own
+        # Prometheus middleware) read them.
+        prepare_multiprocess_env(os.environ)
+    argv = worker_argv(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)
+    return 0  # pragma: no cover - execv does not return
+
+
+def setup_worker(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "worker",
+        help="run a Dramatiq worker pool for the application's kinds (wraps `dramatiq`)",
+    )
+    _add_app(p)
+    p.add_argument("--processes", "-p", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--threads", "-t", type=int, default=8, help="threads per process (default 8)")
+    p.add_argument(
+        "--queues", "-Q", nargs="+", help="only these queues (default: every kind's queue)"
+    )
+    p.add_argument(
+        "dramatiq_args",
+        nargs=argparse.REMAINDER,
+        help="after --, more options passed to dramatiq as they are",
+    )
+    p.set_defaults(func=_cmd_worker)

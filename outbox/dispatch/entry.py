@@ -1,0 +1,33 @@
+"""Builds the worker side for the application named by ``OUTBOX_APP`` (for workers.entry)."""
+
+from __future__ import annotations
+
+import os
+
+import dramatiq
+from dramatiq import Broker
+
+from outbox.dispatch.actors import Dispatch, install
+from outbox.errors import ConfigurationError
+from outbox.loader import load_app
+
+#: The environment variable naming the application's ``module:object``.
+APP_ENV = "OUTBOX_APP"
+
+
+def dispatch_from_env() -> Dispatch:
+    """Loads ``$OUTBOX_APP``, installs its actors (on the broker the app installed them on, else
+    the one from the environment) and makes that broker Dramatiq's global broker."""
+    spec = os.environ.get(APP_ENV)
+    if not spec:
+        raise ConfigurationError(
+            f"set {APP_ENV} to the module:object of the application's Outbox "
+            f"(e.g. {APP_ENV}=myapp.outbox:outbox dramatiq workers.entry)"
+        )
+    dispatch = install(load_app(spec))
+    dramatiq.set_broker(dispatch.broker)
+    return dispatch
+
+
+def broker_from_env() -> Broker:
+    return dispatch_from_env().broker

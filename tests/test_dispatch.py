@@ -1,0 +1,299 @@
+"""Dispatch through Dramatiq, with real processes: claimers and ``dramatiq`` worker pools on real
+PostgreSQL, Redis and RabbitMQ. The test app (tests/apps/dispatch_app.py) records every adapter
+call and every write in PostgreSQL, so each test reads back what happened across processes."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import dramatiq
+import pika
+import psycopg
+import pytest
+import redis
+from dispatch_support import DispatchRig, assert_lanes_held
+
+from outbox.dispatch import broker_from_url, install
+from tests.apps import dispatch_app
+
+pytestmark = pytest.mark.slow
+
+#: Short leases so lease expiry happens within a test; the margin leaves the adapters room.
+FAST = {
+    "OUTBOX_LEASE_SECONDS": "4",
+    "OUTBOX_WRITE_MARGIN_SECONDS": "1",
+    "OUTBOX_POLL_INTERVAL_SECONDS": "0.5",
+    "OUTBOX_HOUSEKEEPING_INTERVAL_SECONDS": "0.5",
+    "OUTBOX_IN_FLIGHT": "64",
+    "OUTBOX_BATCH_SIZE": "100",
+    "OUTBOX_POOL_SIZE": "8",
+}
+
+
+def _forget_queues(rig: DispatchRig, broker_url: str) -> None:
+    """Drops the test's queues from the broker, so no later test sees its messages."""
+    names = [*rig.queues, dispatch_app.shop_queue(rig.suffix)]
+    if broker_url.startswith("redis"):
+        client = redis.Redis.from_url(broker_url)
+        for name in names:
+            for key in client.scan_iter(match=f"*{name}*"):
+                client.delete(key)
+        return
+    connection = pika.BlockingConnection(pika.URLParameters(broker_url))
+    try:
+        channel = connection.channel()
+        for name in names:
+            for queue in (name, f"{name}.DQ", f"{name}.XQ"):
+                channel.queue_delete(queue)
+    finally:
+        connection.close()
+
+
+def _rig(database_url: str, schema: str, broker_url: str) -> Iterator[DispatchRig]:
+    rig = DispatchRig(database_url, schema, broker_url, dict(FAST))
+    outbox = rig.outbox()
+    outbox.migrate()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        dispatch_app.create_tables(conn, schema)
+    try:
+        yield rig
+    finally:
+        list(rig.stop_all())
+        for proc in rig.processes:
+            proc.log_path.unlink(missing_ok=True)
+        _forget_queues(rig, broker_url)
+
+
+@pytest.fixture
+def rig(database_url: str, schema: str, redis_url: str) -> Iterator[DispatchRig]:
+    yield from _rig(database_url, schema, redis_url)
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def any_rig(
+    request: pytest.FixtureRequest,
+    database_url: str,
+    schema: str,
+    redis_url: str,
+    rabbitmq_url: str,
+) -> Iterator[DispatchRig]:
+    yield from _rig(database_url, schema, redis_url if request.param == "redis" else rabbitmq_url)
+
+
+def test_end_to_end_2000_actions_over_50_lanes_each_done_once_in_lane_order(
+    any_rig: DispatchRig,
+) -> None:
+    rig = any_rig
+    worker = rig.worker(threads=8)
+    claimer = rig.claimer()
+    started = time.monotonic()
+    ids = rig.enqueue(rig.rb, lanes=50, per_lane=40)
+    rows = rig.wait_ended(ids, timeout=90)
+    elapsed = time.monotonic() - started
+    print(f"\n{len(ids)} actions over 50 lanes via {rig.broker_url.split(':')[0]}: {elapsed:.1f}s")
+
+    assert Counter(r["state"] for r in rows) == {"DONE": 2000}
+    assert all(r["attempt"] == 1 for r in rows), "an action ran more than one attempt"
+    effects = Counter(e["action_id"] for e in rig.effects())
+    assert set(effects) == set(ids) and set(effects.values()) == {1}
+    calls = rig.calls()
+    assert len(calls) == 2000
+    assert_lanes_held(calls)
+    assert claimer.stop() == 0, claimer.output()
+    assert "claimer stopped" in claimer.output()
+    assert worker.stop() == 0
+
+
+def test_worker_killed_mid_action_read_back_runs_again_and_at_most_once_ends_uncertain(
+    rig: DispatchRig,
+) -> None:
+    first = rig.worker(threads=4)
+    rig.claimer()
+    hang = {"hang_after_write_attempt": 1}
+    [rb_id] = rig.enqueue(rig.rb, lanes=1, per_lane=1, payload=hang)
+    [amo_id] = rig.enqueue(rig.amo, lanes=1, per_lane=1, payload=hang)
+    rig.wait_rows("dispatch_effect", 2)  # both wrote, and both now hang inside the provider
+    first.kill()
+    killed_at = time.monotonic()
+    rig.worker(threads=4)
+
+    rb, amo = rig.wait_ended([rb_id, amo_id], timeout=30)
+    # The read-back kind ran again once its lease ran out, found its write and did not repeat it.
+    assert (rb["state"], rb["attempt"]) == ("DONE", 2)
+    # The at-most-once kind is never called again: it ends UNCERTAIN when its lease is lost.
+    assert (amo["state"], amo["stop_reason"], amo["attempt"]) == (
+        "UNCERTAIN",
+        "LEASE_LOST_AFTER_WRITE",
+        1,
+    )
+    time.sleep(1.0)  # a late reclaim or a redelivery would show up as one more call
+    calls = Counter(c["action_id"] for c in rig.calls())
+    assert calls == {rb_id: 2, amo_id: 1}
+    assert Counter(e["action_id"] for e in rig.effects()) == {rb_id: 1, amo_id: 1}
+    with rig.connect() as conn:
+        waited = conn.execute(
+            f"SELECT extract(epoch FROM max(started_at) - min(started_at)) AS s "
+            f'FROM "{rig.schema}".dispatch_call WHERE action_id = %s',
+            (rb_id,),
+        ).fetchone()
+    assert waited is not None and waited["s"] >= 3.0, "the second attempt did not wait the lease"
+    assert time.monotonic() - killed_at < 20
+
+
+def test_claimer_killed_between_commit_and_push_action_reclaimed_after_lease_runs_once(
+    rig: DispatchRig,
+) -> None:
+    stalled = rig.claimer(DISPATCH_APP_STALL_PUSH="1")
+    [action_id] = rig.enqueue(rig.rb, lanes=1, per_lane=1)
+    rig.wait_rows("dispatch_stall", 1)  # the claim committed; the push never happens
+    with rig.connect() as conn:
+        [row] = rig.actions(conn, [action_id])
+    assert (row["state"], row["epoch"]) == ("EXECUTING", 1)
+    stalled.kill()
+    client = redis.Redis.from_url(rig.broker_url)
+    assert all(client.llen(f"dramatiq:{q}") == 0 for q in rig.queues), "a message was pushed"
+
+    rig.worker(threads=2)
+    rig.claimer()
+    [row] = rig.wait_ended([action_id], timeout=30)
+    assert (row["state"], row["attempt"], row["epoch"]) == ("DONE", 2, 2)
+    calls = rig.calls()
+    assert [(c["action_id"], c["epoch"]) for c in calls] == [(action_id, 2)]
+    assert len(rig.effects()) == 1
+
+
+def test_same_message_delivered_twice_second_is_abandoned_and_effect_happens_once(
+    rig: DispatchRig,
+) -> None:
+    worker = rig.worker(threads=4)
+    [action_id] = rig.enqueue(rig.rb, lanes=1, per_lane=1, payload={"sleep": 0.5})
+    outbox = rig.outbox()
+    dispatch = install(outbox, broker_from_url(rig.broker_url))
+
+    async def claim() -> int:
+        async with outbox.store() as store:
+            [claimed] = await store.claim({rig.rb: 1}, outbox.settings.lease)
+            return claimed.action.epoch
+
+    epoch = asyncio.run(claim())
+    # Two deliveries of one message at once (a broker redelivery while the first still runs).
+    dispatch.push(action_id, epoch, rig.rb)
+    dispatch.push(action_id, epoch, rig.rb)
+    [row] = rig.wait_ended([action_id], timeout=20)
+    # And one more after the action ended.
+    dispatch.push(action_id, epoch, rig.rb)
+    deadline = time.monotonic() + 10
+    while worker.output().count("abandoned message for action") < 2:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+
+    assert row["state"] == "DONE"
+    assert len(rig.calls()) == 1, "the adapter ran for a second delivery"
+    assert len(rig.effects()) == 1
+    assert worker.output().count(f"abandoned message for action {action_id} epoch {epoch}") == 2
+
+
+def test_two_claimers_two_workers_5000_actions_each_end_once_without_lane_overlap(
+    rig: DispatchRig,
+) -> None:
+    rig.worker(threads=8)
+    rig.worker(threads=8)
+    rig.claimer()
+    rig.claimer()
+    started = time.monotonic()
+    ids = rig.enqueue(rig.rb, lanes=100, per_lane=50)
+    rows = rig.wait_ended(ids, timeout=120)
+    elapsed = time.monotonic() - started
+    print(f"\n5000 actions, 100 lanes, 2 claimers, 2 workers: {elapsed:.1f}s")
+
+    assert Counter(r["state"] for r in rows) == {"DONE": 5000}
+    effects = Counter(e["action_id"] for e in rig.effects())
+    assert set(effects) == set(ids) and set(effects.values()) == {1}
+    calls = rig.calls()
+    assert Counter(c["action_id"] for c in calls) == Counter(ids), "an action ran twice"
+    assert len({c["pid"] for c in calls}) == 2, "both worker processes should have worked"
+    assert_lanes_held(calls)
+
+
+def test_burst_larger_than_in_flight_bound_no_lease_expires_while_waiting_in_broker(
+    rig: DispatchRig,
+) -> None:
+    # 2 threads x 0.4 s per action: 5 actions a second. 40 actions would wait 8 s in the broker
+    # if all were claimed at once -- twice the 4 s lease. The bound of 4 keeps the wait < 1 s.
+    rig.settings["OUTBOX_IN_FLIGHT"] = "4"
+    rig.worker(threads=2)
+    rig.claimer()
+    ids = rig.enqueue(rig.rb, lanes=40, per_lane=1, payload={"sleep": 0.4})
+    peak = 0
+    deadline = time.monotonic() + 40
+    with rig.connect() as conn:
+        while time.monotonic() < deadline:
+            n = conn.execute(
+                f"SELECT count(*) AS n FROM \"{rig.schema}\".agent_action WHERE state = 'EXECUTING'"
+            ).fetchone()
+            peak = max(peak, n["n"] if n else 0)
+            if all(r["state"] == "DONE" for r in rig.actions(conn, ids)):
+                break
+            time.sleep(0.02)
+    rows = rig.wait_ended(ids, timeout=1)
+    assert peak <= 4, f"{peak} actions in flight, bound 4"
+    assert all((r["state"], r["attempt"]) == ("DONE", 1) for r in rows), "a lease ran out"
+    calls = rig.calls()
+    assert len(calls) == 40
+    # Every attempt started with most of its lease left: it did not wait long in the broker.
+    assert min(c["lease_left"] for c in calls) > 2.0
+
+
+def test_existing_dramatiq_shop_runs_its_actors_and_the_outbox_with_one_command(
+    rig: DispatchRig,
+) -> None:
+    from dispatch_support import REPO
+
+    from outbox.dispatch.processes import OutboxProcess
+
+    env = rig.env(DISPATCH_APP_OWN_BROKER="1")
+    # The shop's own command: its broker module, all queues, its own middleware.
+    shop = OutboxProcess(
+        [
+            sys.executable,
+            "-m",
+            "dramatiq",
+            "tests.apps.dispatch_app:shop_broker",
+            "--processes",
+            "1",
+            "--threads",
+            "2",
+        ],
+        env,
+        REPO,
+    )
+    rig.processes.append(shop)
+    shop.wait_for("Worker process is ready for action.", timeout=60)
+    rig.claimer(DISPATCH_APP_OWN_BROKER="1")
+    ids = rig.enqueue(rig.rb, lanes=3, per_lane=2) + rig.enqueue(rig.amo, lanes=2, per_lane=1)
+
+    # The shop's web process sends to its own actor, as it always did.
+    broker = broker_from_url(rig.broker_url)
+    shop_queue = dispatch_app.shop_queue(rig.suffix)
+    broker.declare_queue(shop_queue)
+    broker.enqueue(
+        dramatiq.Message(
+            queue_name=shop_queue,
+            actor_name=f"shop_note_{rig.suffix.lower()}",
+            args=("hello",),
+            kwargs={},
+            options={},
+        )
+    )
+
+    rows = rig.wait_ended(ids, timeout=30)
+    assert {r["state"] for r in rows} == {"DONE"}
+    rig.wait_rows("dispatch_shop", 1)
+    shop.stop()
+    log = shop.output()
+    assert "outbox worker runtime started" in log, "the outbox actors did not join the shop"
