@@ -1,0 +1,58 @@
+"""``python -m benchmarks [--quick] [--only NAME ...]``: one JSON object per result on stdout,
+a table on stderr, in the order the scenarios ran."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from benchmarks.common import Result, Scale
+from benchmarks.table import render
+
+#: Scenario name -> the module that runs it (imported lazily: the broker scenarios need the
+#: dispatch package).
+SCENARIOS: dict[str, str] = {
+    "claim-cost": "benchmarks.claim_cost",
+    "enqueue": "benchmarks.enqueue",
+    "inprocess": "benchmarks.inprocess",
+}
+
+
+def runner(name: str) -> Callable[[Scale], list[Result]]:
+    module = __import__(SCENARIOS[name], fromlist=["run"])
+    return module.run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a run of about two minutes")
+    parser.add_argument("--only", nargs="+", choices=sorted(SCENARIOS), help="these scenarios")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply every N (the smoke test: 0.01)"
+    )
+    args = parser.parse_args(argv)
+    scale = Scale(quick=args.quick, factor=args.scale)
+    results: list[Result] = []
+    started = time.monotonic()
+    for name in args.only or list(SCENARIOS):
+        scenario_started = time.monotonic()
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        for result in runner(name)(scale):
+            result.extra.setdefault("took_s", round(time.monotonic() - scenario_started, 1))
+            print(json.dumps(result.as_json()), flush=True)
+            results.append(result)
+    mode = "quick" if args.quick else "default"
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    print(
+        f"\n{mode} run, {stamp}, {time.monotonic() - started:.0f} s\n{render(results)}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""What every scenario shares: where the services are, its own schema, timing and the result row."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psycopg
+
+from outbox import ActionKind, Outbox
+
+#: The services the benchmarks talk to; only 127.0.0.1 by default (the same as the tests').
+DATABASE_URL = os.environ.get(
+    "OUTBOX_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+#: Redis DB 14 is the benchmarks' own: it is flushed before each broker scenario.
+REDIS_URL = os.environ.get("OUTBOX_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+
+#: The no-op kind every throughput scenario runs (read-back: nothing refuses a reclaim).
+NOOP = ActionKind("BENCH_NOOP")
+
+
+@dataclass
+class Result:
+    """One line of the report. ``ratio`` is this scenario's number over ``ratio_to``'s."""
+
+    scenario: str
+    n: int
+    actions_per_s: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+    ratio: float | None = None
+    ratio_to: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        row = asdict(self)
+        extra = row.pop("extra")
+        return {**row, **extra}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How big a run is: ``--quick`` (about two minutes) or the default (about ten)."""
+
+    quick: bool
+    #: Multiplies every N; the smoke test runs with a tiny one.
+    factor: float = 1.0
+
+    def n(self, quick: int, full: int, floor: int = 1) -> int:
+        return max(floor, int((quick if self.quick else full) * self.factor))
+
+    def seconds(self, quick: float, full: float) -> float:
+        """A duration (of a ceiling measurement), cut down with the factor to at least 1 s."""
+        base = quick if self.quick else full
+        return max(1.0, base * min(1.0, self.factor))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), nearest rank: p99 of 100 samples is the 99th smallest."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+@contextmanager
+def bench_schema(name: str, database_url: str = DATABASE_URL) -> Iterator[str]:
+    """``bench_<name>``, empty at the start and dropped at the end (also on failure)."""
+    schema = "bench_" + name.replace("-", "_")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    try:
+        yield schema
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def migrated_outbox(schema: str, database_url: str = DATABASE_URL, **overrides: Any) -> Outbox:
+    """An ``Outbox`` on ``schema`` that knows the no-op kind, migrated."""
+    outbox = Outbox(database_url, schema=schema, **overrides)
+    outbox.declare(NOOP)
+    outbox.migrate()
+    return outbox
+
+
+def bulk_enqueue(
+    schema: str, n: int, *, lanes: int | None = None, database_url: str = DATABASE_URL
+) -> None:
+    """``n`` admitted no-op actions through the real enqueue statement, in transactions of 1,000.
+
+    ``lanes`` spreads them over that many lanes (default: one lane each, as independent
+    notifications would be)."""
+    from outbox import ActionRequest, enqueue
+
+    with psycopg.connect(database_url) as conn:
+        for i in range(n):
+            lane = i if lanes is None else i % lanes
+            enqueue(
+                conn,
+                ActionRequest(
+                    kind=NOOP.name,
+                    workspace_id="w",
+                    lane_key=f"lane-{lane}",
+                    idempotency_key=f"noop-{i}",
+                    payload={"i": i},
+                ),
+                schema=schema,
+            )
+            if i % 1000 == 999:
+                conn.commit()
+        conn.commit()

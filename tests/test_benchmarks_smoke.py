@@ -1,0 +1,53 @@
+"""The benchmark harness works: every scenario runs end to end with a tiny N, prints one JSON
+object per result with the keys the report promises, and leaves no schema behind.
+
+No timing is asserted (this machine is shared): only that the numbers exist and are sane.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from benchmarks.__main__ import SCENARIOS
+
+REPO = Path(__file__).resolve().parent.parent
+KEYS = {"scenario", "n", "actions_per_s", "p50_ms", "p99_ms", "ratio", "ratio_to"}
+
+
+def run_benchmarks(*args: str) -> tuple[list[dict], str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--scale", "0.01", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()], done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_each_scenario_reports_every_key_and_drops_its_schema(name, database_url):
+    rows, table = run_benchmarks("--only", name)
+    assert rows, table
+    for row in rows:
+        assert row.keys() >= KEYS, row
+        assert row["scenario"].startswith(name), row
+        assert row["n"] > 0
+        assert row["actions_per_s"] > 0
+        assert 0 <= row["p50_ms"] <= row["p99_ms"]
+        assert row["ratio"] > 0 and math.isfinite(row["ratio"])
+        assert row["scenario"] in table
+    with psycopg.connect(database_url) as conn:
+        left = conn.execute(
+            "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'bench\\_%%'"
+        ).fetchall()
+    assert left == []
