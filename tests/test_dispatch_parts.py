@@ -1,0 +1,230 @@
+"""The dispatch's parts in-process, on real PostgreSQL and Redis: broker choice, the actors'
+options, taking a message once per epoch, and the claimer's bound, commit order and wake-up."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from datetime import timedelta
+from typing import Any
+
+import dramatiq
+import dramatiq.broker
+import psycopg
+import pytest
+import redis
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import Middleware
+
+from outbox import ActionKind, ActionRequest, ConfigurationError, Done, Outbox, Settings
+from outbox.dispatch import Claimer, broker_from_url, default_broker, install
+from outbox.dispatch.actors import actor_options
+from outbox.dispatch.commands import worker_argv
+
+
+class Noop:
+    async def execute(self, attempt: Any) -> Done:
+        return Done()
+
+
+def _outbox(make_outbox: Any, schema: str, **overrides: Any) -> tuple[Outbox, str]:
+    kind = f"K_{schema.upper()}"
+    outbox = make_outbox(**overrides)
+    outbox.register(ActionKind(kind), Noop())
+    outbox.migrate()
+    return outbox, kind
+
+
+def _enqueue(outbox: Outbox, kind: str, n: int, lanes: int | None = None) -> list[int]:
+    with psycopg.connect(outbox.settings.require_database_url()) as conn:
+        return [
+            outbox.enqueue(
+                conn,
+                ActionRequest(
+                    kind=kind,
+                    workspace_id="w",
+                    lane_key=f"lane-{i % (lanes or n)}",
+                    idempotency_key=f"{kind}-{i}",
+                    payload={},
+                ),
+            ).id
+            for i in range(n)
+        ]
+
+
+@pytest.fixture
+def clean_redis(redis_url: str, schema: str):
+    yield
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=f"*{schema}*"):
+        client.delete(key)
+
+
+def test_broker_url_chooses_redis_or_rabbitmq_and_refuses_anything_else() -> None:
+    assert isinstance(broker_from_url("redis://127.0.0.1:6379/15"), RedisBroker)
+    rabbit = broker_from_url("amqp://guest:guest@127.0.0.1:5672/%2F")
+    assert isinstance(rabbit, RabbitmqBroker)
+    assert rabbit.confirm_delivery, "a push must return only once RabbitMQ holds the message"
+    with pytest.raises(ConfigurationError, match="OUTBOX_BROKER_URL"):
+        broker_from_url("kafka://127.0.0.1:9092")
+
+
+def test_without_a_url_the_applications_global_broker_else_local_redis(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dramatiq.broker, "global_broker", None)
+    fallback = default_broker(None)
+    assert isinstance(fallback, RedisBroker)
+    shop = broker_from_url("redis://127.0.0.1:6379/15")
+    monkeypatch.setattr(dramatiq.broker, "global_broker", shop)
+    assert default_broker(None) is shop
+    assert default_broker("amqp://127.0.0.1") is not shop, "an explicit URL wins"
+
+
+def test_settings_come_from_the_environment_and_code_overrides_them() -> None:
+    env = {
+        "OUTBOX_DATABASE_URL": "postgresql://db/app",
+        "OUTBOX_BROKER_URL": "amqp://rabbit",
+        "OUTBOX_LEASE_SECONDS": "120",
+        "OUTBOX_WRITE_MARGIN_SECONDS": "20",
+        "OUTBOX_BATCH_SIZE": "50",
+        "OUTBOX_IN_FLIGHT": "16",
+        "OUTBOX_POLL_INTERVAL_SECONDS": "2",
+    }
+    settings = Settings.from_env(env, in_flight=8)
+    assert settings.broker_url == "amqp://rabbit"
+    assert (settings.lease, settings.write_margin) == (timedelta(minutes=2), timedelta(seconds=20))
+    assert (settings.batch_size, settings.in_flight) == (50, 8)
+    assert settings.poll_interval == timedelta(seconds=2)
+
+
+def test_each_kind_gets_its_own_queue_never_retried_by_dramatiq_time_limit_within_lease(
+    make_outbox: Any, schema: str
+) -> None:
+    outbox, kind = _outbox(make_outbox, schema, lease=timedelta(seconds=90))
+    outbox.register(ActionKind(f"L_{schema.upper()}"), Noop())
+    broker = broker_from_url("redis://127.0.0.1:6379/15")
+    dispatch = install(outbox, broker)
+    assert set(dispatch.actors) == {kind, f"L_{schema.upper()}"}
+    queues = {a.queue_name for a in dispatch.actors.values()}
+    assert queues == {outbox.kinds[k].queue_name for k in dispatch.actors}
+    assert len(queues) == 2
+    for act in dispatch.actors.values():
+        assert act.broker is broker
+        assert act.options["max_retries"] == 0
+        assert 0 < act.options["time_limit"] <= 90_000
+    assert install(outbox) is dispatch, "installing twice joins the actors once"
+    with pytest.raises(ValueError):
+        install(outbox, broker_from_url("redis://127.0.0.1:6379/15"))
+
+
+def test_a_shops_broker_without_retries_or_time_limit_middleware_still_takes_the_actors(
+    make_outbox: Any, schema: str
+) -> None:
+    outbox, kind = _outbox(make_outbox, schema)
+    bare = broker_from_url("redis://127.0.0.1:6379/15", middleware=[])
+    assert actor_options(outbox, bare) == {}
+    dispatch = install(outbox, bare)
+    assert bare.get_actor(dispatch.actors[kind].actor_name) is dispatch.actors[kind]
+
+
+async def test_a_message_is_taken_once_per_epoch_and_never_with_a_stale_epoch(
+    make_outbox: Any, schema: str
+) -> None:
+    outbox, kind = _outbox(
+        make_outbox, schema, lease=timedelta(seconds=5), write_margin=timedelta(seconds=1)
+    )
+    [action_id] = _enqueue(outbox, kind, 1)
+    async with outbox.store() as store:
+        [claimed] = await store.claim({kind: 1}, outbox.settings.lease)
+        epoch = claimed.action.epoch
+        assert await store.take_attempt(action_id, epoch - 1) is None
+        taken = await store.take_attempt(action_id, epoch)
+        assert taken is not None and taken.lease_left > timedelta(seconds=4)
+        assert await store.take_attempt(action_id, epoch) is None, "a second delivery ran"
+
+
+async def test_claimer_pushes_only_after_its_claim_committed(
+    make_outbox: Any, schema: str, redis_url: str, database_url: str, clean_redis: None
+) -> None:
+    outbox, kind = _outbox(make_outbox, schema)
+    seen: list[tuple[int, str, int]] = []
+
+    class SeeCommitted(Middleware):
+        """At push time, looks at the action from another connection."""
+
+        def before_enqueue(self, broker: Any, message: Any, delay: Any) -> None:
+            action_id, epoch = message.args
+            with psycopg.connect(database_url) as conn:
+                row = conn.execute(
+                    f'SELECT state, epoch FROM "{schema}".agent_action WHERE id = %s',
+                    (action_id,),
+                ).fetchone()
+            assert row is not None
+            seen.append((action_id, row[0], row[1] - epoch))
+
+    broker = broker_from_url(redis_url, middleware=[SeeCommitted()])
+    dispatch = install(outbox, broker)
+    ids = _enqueue(outbox, kind, 5)
+    async with outbox.store() as store:
+        result = await Claimer(dispatch, store).run_once()
+    assert result.pushed == 5
+    assert sorted(seen) == [(i, "EXECUTING", 0) for i in ids]
+    client = redis.Redis.from_url(redis_url)
+    assert client.hlen(f"dramatiq:{outbox.kinds[kind].queue_name}.msgs") == 5
+
+
+async def test_claimers_together_keep_the_in_flight_bound(
+    make_outbox: Any, schema: str, redis_url: str, clean_redis: None
+) -> None:
+    outbox, kind = _outbox(make_outbox, schema, in_flight=3)
+    dispatch = install(outbox, broker_from_url(redis_url))
+    _enqueue(outbox, kind, 20)
+    async with outbox.store() as one, outbox.store() as two:
+        rounds = await asyncio.gather(
+            *(Claimer(dispatch, store).run_once() for store in (one, two, one, two))
+        )
+        assert sum(len(r.claimed) for r in rounds) == 3
+        assert (await one.in_flight([kind]))[kind] == 3
+        again = await Claimer(dispatch, one).run_once()
+        assert again.claimed == [] and again.in_flight == {kind: 3}
+
+
+async def test_claimer_wakes_on_the_enqueue_notify_long_before_its_poll_interval(
+    make_outbox: Any, schema: str, redis_url: str, clean_redis: None
+) -> None:
+    outbox, kind = _outbox(make_outbox, schema, poll_interval=timedelta(seconds=30))
+    dispatch = install(outbox, broker_from_url(redis_url))
+    stop = asyncio.Event()
+    async with outbox.store() as store:
+        claimer = Claimer(dispatch, store)
+        task = asyncio.create_task(claimer.run(stop))
+        while claimer.totals["rounds"] < 1 or claimer._listener is None:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # now waiting: for a NOTIFY or 30 s
+        enqueued = time.monotonic()
+        await asyncio.to_thread(_enqueue, outbox, kind, 1)
+        while claimer.totals["pushed"] < 1:
+            assert time.monotonic() - enqueued < 3, "the claimer did not wake on NOTIFY"
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+
+def test_worker_command_passes_processes_threads_queues_and_dramatiq_options_through() -> None:
+    args = argparse.Namespace(
+        processes=3, threads=16, queues=["outbox.email"], dramatiq_args=["--", "--verbose"]
+    )
+    argv = worker_argv(args)
+    assert argv[1:4] == ["-m", "dramatiq", "workers.entry"]
+    assert argv[4:] == [
+        "--processes",
+        "3",
+        "--threads",
+        "16",
+        "--queues",
+        "outbox.email",
+        "--verbose",
+    ]
