@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -144,6 +145,10 @@ class DispatchRig:
         return "\n".join(f"--- {p.argv}\n{p.output()[-4000:]}" for p in self.processes)
 
     def stop_all(self) -> Iterator[int]:
+        """Asks every process to stop at once, then waits for each (exit codes in order)."""
+        for proc in self.processes:
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGTERM)
         for proc in self.processes:
             yield proc.stop()
 
