@@ -19,6 +19,9 @@ SCENARIOS: dict[str, str] = {
     "claim-cost": "benchmarks.claim_cost",
     "enqueue": "benchmarks.enqueue",
     "inprocess": "benchmarks.inprocess",
+    "dramatiq-raw": "benchmarks.dramatiq_raw",
+    "e2e": "benchmarks.e2e",
+    "latency": "benchmarks.latency",
 }
 
 

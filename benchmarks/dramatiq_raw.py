@@ -1,0 +1,81 @@
+"""``dramatiq-raw``: N no-op messages through the same broker and worker settings as the outbox,
+without the outbox: the ceiling of ``e2e`` (and, paced at 100/s, of ``latency``).
+
+The clock runs from the first send until the last actor counted itself done (a Redis INCR,
+the raw actor's only work). Measured once per run and shared with the scenarios it bounds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import redis
+
+from benchmarks import apps
+from benchmarks.common import REDIS_URL, Result, Scale, ms, percentile
+from benchmarks.rig import PROCESSES, THREADS, WORKER_TIMEOUT_MS, paced, rig, wait_until
+
+#: Messages a second of the paced (latency) run.
+PACE = 100.0
+
+
+@dataclass(frozen=True)
+class RawCeiling:
+    n: int
+    per_s: float
+    latency_n: int
+    latencies: list[float]
+
+
+_measured: dict[Scale, RawCeiling] = {}
+
+
+def measure(scale: Scale) -> RawCeiling:
+    """Runs the raw pool once per run (later calls return the same numbers)."""
+    if scale in _measured:
+        return _measured[scale]
+    n = scale.n(3_000, 10_000, floor=50)
+    paced_n = scale.n(300, 1_000, floor=20)
+    broker = apps.raw_broker()
+    actor = broker.get_actor("bench_raw_noop")
+    with rig("bench_dramatiq_raw") as r:
+        client = redis.Redis.from_url(REDIS_URL)
+        r.stack.callback(client.close)
+        r.raw_workers()
+        started = time.perf_counter()
+        for _ in range(n):
+            actor.send()
+        ended = wait_until(
+            lambda: int(client.get(apps.RAW_DONE_KEY) or 0) >= n, 300, "raw messages not done"
+        )
+        per_s = n / (ended - started)
+        client.delete(apps.RAW_DONE_KEY)
+        time.sleep(0.5)  # idle again, as the latency scenario's pool is
+        for _ in paced(paced_n, PACE):
+            actor.send(time.time())
+        wait_until(lambda: int(client.get(apps.RAW_DONE_KEY) or 0) >= paced_n, 60, "paced")
+        latencies = [float(v) for v in client.lrange(apps.RAW_LATENCY_KEY, 0, -1)]
+    _measured[scale] = RawCeiling(n, per_s, paced_n, latencies)
+    return _measured[scale]
+
+
+def run(scale: Scale) -> list[Result]:
+    raw = measure(scale)
+    return [
+        Result(
+            scenario="dramatiq-raw",
+            n=raw.n,
+            actions_per_s=round(raw.per_s, 1),
+            p50_ms=ms(percentile(raw.latencies, 50)),
+            p99_ms=ms(percentile(raw.latencies, 99)),
+            ratio=1.0,
+            ratio_to="dramatiq-raw",
+            extra={
+                "processes": PROCESSES,
+                "threads": THREADS,
+                "worker_timeout_ms": WORKER_TIMEOUT_MS,
+                "latency_is": f"send to actor start, {raw.latency_n} messages at {PACE:.0f}/s",
+            },
+        )
+    ]

@@ -1,0 +1,106 @@
+"""Real processes for the broker scenarios: the outbox's claimer and workers, or a plain Dramatiq
+worker pool, on Redis DB 14 (flushed first) and the scenario's own schema.
+
+Every pool runs with the same worker settings, so the outbox and its ceiling differ only by
+what the outbox itself does.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from benchmarks.common import DATABASE_URL, REDIS_URL
+from outbox.dispatch.processes import WORKER_READY, OutboxProcess, start_claimer, start_worker
+
+REPO = str(Path(__file__).resolve().parent.parent)
+APP = "benchmarks.apps:outbox_app"
+RAW_APP = "benchmarks.apps:raw_broker"
+
+#: Worker processes and threads of every pool: one process a core on this 2-core machine.
+PROCESSES = 2
+THREADS = 8
+#: An idle Redis consumer polls with a backoff up to this many ms (Dramatiq's default is 1,000,
+#: which alone would put an idle pool's p50 latency in the hundreds of ms); the price is a few
+#: hundred cheap Redis calls a second while idle.
+WORKER_TIMEOUT_MS = 10
+
+
+@dataclass
+class Rig:
+    """One scenario's environment and the processes it started (stopped on exit)."""
+
+    schema: str
+    settings: dict[str, str] = field(default_factory=dict)
+    stack: ExitStack = field(default_factory=ExitStack)
+
+    def env(self) -> dict[str, str]:
+        return {
+            "OUTBOX_DATABASE_URL": DATABASE_URL,
+            "OUTBOX_SCHEMA": self.schema,
+            "OUTBOX_BROKER_URL": REDIS_URL,
+            "PYTHONPATH": REPO,
+            "dramatiq_worker_timeout": str(WORKER_TIMEOUT_MS),
+            **self.settings,
+        }
+
+    def _keep(self, proc: OutboxProcess) -> OutboxProcess:
+        self.stack.callback(proc.close)
+        return proc
+
+    def outbox_workers(self) -> OutboxProcess:
+        return self._keep(
+            start_worker(APP, self.env(), processes=PROCESSES, threads=THREADS, cwd=REPO)
+        )
+
+    def claimer(self) -> OutboxProcess:
+        return self._keep(start_claimer(APP, self.env(), cwd=REPO))
+
+    def raw_workers(self) -> OutboxProcess:
+        argv = [sys.executable, "-m", "dramatiq", RAW_APP]
+        argv += ["--processes", str(PROCESSES), "--threads", str(THREADS)]
+        proc = self._keep(OutboxProcess(argv, self.env(), cwd=REPO))
+        proc.wait_for(WORKER_READY, timeout=60.0, count=PROCESSES)
+        return proc
+
+
+def flush_redis() -> redis.Redis:
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    return client
+
+
+@contextmanager
+def rig(schema: str, **settings: str) -> Iterator[Rig]:
+    """Flushes Redis DB 14, yields a ``Rig``, stops its processes and flushes again."""
+    flush_redis()
+    with ExitStack() as stack:
+        yield Rig(schema, settings, stack)
+    flush_redis()
+
+
+def wait_until(check, timeout: float, what: str, interval: float = 0.005) -> float:
+    """Polls ``check()`` until true; returns ``time.perf_counter()`` when it was first seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return time.perf_counter()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} after {timeout}s")
+        time.sleep(interval)
+
+
+def paced(n: int, per_second: float) -> Iterator[int]:
+    """0..n-1, the i-th at ``start + i / per_second`` (never bunching up after a slow step)."""
+    start = time.perf_counter()
+    for i in range(n):
+        delay = start + i / per_second - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        yield i
