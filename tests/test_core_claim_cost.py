@@ -21,18 +21,18 @@ def fill(conn, schema: str, *, hot_lane: int, single_lanes: int, ended: int = 0)
     """``hot_lane`` actions in one lane, due first, then ``single_lanes`` one-action lanes."""
     conn.execute(f'SET search_path TO "{schema}"')
     if ended:
-        # History: ended actions, inserted waiting and ended in bulk (the trigger allows it).
+        # History: ended rows written as they are at rest (the guard refuses inserting an ended
+        # row, so triggers are off for this bulk load, which needs a superuser).
+        conn.execute("SET session_replication_role = replica")
         conn.execute(
-            "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,"
-            " available_at) SELECT 'NOTE', 'w', 'old-' || g, 'old-' || g, '{}',"
-            " now() - interval '2 days'"
+            "INSERT INTO agent_action (kind, state, workspace_id, lane_key, idempotency_key,"
+            " stop_reason, available_at, ended_at, attempt, epoch)"
+            " SELECT 'NOTE', 'DONE', 'w', 'old-' || g, 'old-' || g, 'DONE',"
+            " now() - interval '2 days', now() - interval '1 day', 1, 1"
             " FROM generate_series(1, %s) g",
             (ended,),
         )
-        conn.execute(
-            "UPDATE agent_action SET state = 'CANCELLED', stop_reason = 'TEST', payload = NULL,"
-            " ended_at = now()"
-        )
+        conn.execute("SET session_replication_role = DEFAULT")
     if hot_lane:
         conn.execute(
             "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,"

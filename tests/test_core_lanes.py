@@ -232,3 +232,50 @@ def test_lane_rows_always_equal_what_the_actions_say(lane_db, schema, operations
                 (lane,),
             )
         assert lanes(conn, schema) == expected_lanes(conn, schema), (n, op, lane)
+
+
+async def test_an_erased_write_holds_its_lane_until_its_lease_ends(
+    make_outbox, database_url, schema
+):
+    from outbox import erase_subject
+
+    recorder = Recorder()
+    ob = build(make_outbox, ScriptedAdapter(recorder=recorder), lease=timedelta(seconds=30))
+    with psycopg.connect(database_url) as conn:
+        enqueue(conn, request("L", "erased", subject_account_id="acct"), schema=schema)
+        nxt = enqueue(conn, request("L", "next"), schema=schema)
+        conn.commit()
+    async with ob.store() as store:
+        (claimed,) = await store.claim({"NOTE": 10}, ob.settings.lease)
+        assert await store.begin_write(claimed.action.id, claimed.action.epoch, timedelta(0))
+        with psycopg.connect(database_url) as conn:
+            erase_subject(conn, "acct", schema=schema)
+            conn.commit()
+        # The erased attempt may still be writing: its lane's next action waits.
+        assert await store.claim({"NOTE": 10}, ob.settings.lease) == []
+        with psycopg.connect(database_url) as conn:
+            conn.execute(
+                f"UPDATE \"{schema}\".agent_action_lane SET busy_until = now() - interval '1s'"
+            )
+            conn.commit()
+        (after,) = await store.claim({"NOTE": 10}, ob.settings.lease)
+    assert after.action.id == nxt.id
+
+
+async def test_an_erased_action_before_its_fence_frees_its_lane_at_once(
+    make_outbox, database_url, schema
+):
+    from outbox import erase_subject
+
+    ob = build(make_outbox, ScriptedAdapter())
+    with psycopg.connect(database_url) as conn:
+        enqueue(conn, request("L", "erased", subject_account_id="acct"), schema=schema)
+        nxt = enqueue(conn, request("L", "next"), schema=schema)
+        conn.commit()
+    async with ob.store() as store:
+        await store.claim({"NOTE": 10}, ob.settings.lease)
+        with psycopg.connect(database_url) as conn:
+            erase_subject(conn, "acct", schema=schema)
+            conn.commit()
+        (after,) = await store.claim({"NOTE": 10}, ob.settings.lease)
+    assert after.action.id == nxt.id

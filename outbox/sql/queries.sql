@@ -55,6 +55,7 @@ WITH heads AS (
      WHERE l.executing_id IS NULL
        AND l.head_due_at IS NOT NULL
        AND l.head_due_at <= now()
+       AND (l.busy_until IS NULL OR l.busy_until <= now())  -- an erased write may still run
        AND l.head_kind = %(kind)s
      ORDER BY l.head_due_at
      LIMIT %(limit)s
