@@ -240,7 +240,7 @@ async def test_an_erased_write_holds_its_lane_until_its_lease_ends(
     from outbox import erase_subject
 
     recorder = Recorder()
-    ob = build(make_outbox, ScriptedAdapter(recorder=recorder), lease=timedelta(seconds=30))
+    ob = build(make_outbox, ScriptedAdapter(recorder=recorder), lease=timedelta(minutes=5))
     with psycopg.connect(database_url) as conn:
         enqueue(conn, request("L", "erased", subject_account_id="acct"), schema=schema)
         nxt = enqueue(conn, request("L", "next"), schema=schema)
