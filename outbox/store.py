@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from outbox._io import Operation, Statement, run_async
 from outbox.action import Action
+from outbox.batching import GroupWriter, by_id_and_epoch
 from outbox.queries import queries_for
 from outbox.state import ActionState
 
@@ -95,12 +96,60 @@ def _single(name: str, schema: str, params: Mapping[str, Any]) -> Operation[bool
     return bool(rows)
 
 
+def _key(params: Mapping[str, Any]) -> tuple[int, int]:
+    return (params["id"], params["epoch"])
+
+
+def _columns(rows: list[dict[str, Any]], **arrays: str) -> dict[str, list[Any]]:
+    """``[{"id": 1, ...}, {"id": 2, ...}]`` -> ``{"ids": [1, 2], ...}`` for an ``unnest``."""
+    return {array: [row[column] for row in rows] for array, column in arrays.items()}
+
+
 class Store:
     """Runs the executor's operations on an async pool, one short statement at a time."""
 
     def __init__(self, pool: AsyncConnectionPool, schema: str) -> None:
         self.pool = pool
         self.schema = schema
+        # Group commit (outbox.batching): concurrent takes, fences and ends of this process
+        # share statements; each row keeps its own epoch check.
+        self._take = GroupWriter("take_attempt", self._take_many, self._take_one, _key)
+        self._fence = GroupWriter("begin_write", self._fence_many, self._fence_one, _key)
+        self._end = GroupWriter("finish_end", self._end_many, self._end_one, _key)
+
+    @property
+    def group_writers(self) -> tuple[GroupWriter[Any, Any], ...]:
+        return (self._take, self._fence, self._end)
+
+    async def _rows(self, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        def op() -> Operation[list[dict[str, Any]]]:
+            return (yield Statement(queries_for(self.schema)[name], params))
+
+        return await self.run(op())
+
+    async def _take_one(self, p: dict[str, Any]) -> ClaimedAction | None:
+        rows = await self._rows("take_attempt", p)
+        return _claimed(rows)[0] if rows else None
+
+    async def _take_many(self, ps: list[dict[str, Any]]) -> dict[Any, ClaimedAction]:
+        rows = await self._rows("take_attempts", _columns(ps, ids="id", epochs="epoch"))
+        return {k: _claimed([row])[0] for k, row in by_id_and_epoch(rows).items()}
+
+    async def _fence_one(self, p: dict[str, Any]) -> bool:
+        return bool(await self._rows("begin_write", p))
+
+    async def _fence_many(self, ps: list[dict[str, Any]]) -> dict[Any, bool]:
+        params = _columns(ps, ids="id", epochs="epoch", margins="margin")
+        return dict.fromkeys(by_id_and_epoch(await self._rows("begin_writes", params)), True)
+
+    async def _end_one(self, p: dict[str, Any]) -> bool:
+        return bool(await self._rows("finish_end", p))
+
+    async def _end_many(self, ps: list[dict[str, Any]]) -> dict[Any, bool]:
+        params = _columns(
+            ps, ids="id", epochs="epoch", states="state", reasons="reason", refs="ref"
+        )
+        return dict.fromkeys(by_id_and_epoch(await self._rows("finish_ends", params)), True)
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
@@ -134,17 +183,10 @@ class Store:
         """Like ``load_attempt``, and at most once per epoch: a second delivery of the same
         ``(action_id, epoch)`` message gets None (the Dramatiq actor drops it as Abandoned)."""
 
-        def op() -> Operation[ClaimedAction | None]:
-            rows = yield Statement(
-                queries_for(self.schema)["take_attempt"], {"id": action_id, "epoch": epoch}
-            )
-            return _claimed(rows)[0] if rows else None
-
-        return await self.run(op())
+        return await self._take({"id": action_id, "epoch": epoch})
 
     async def begin_write(self, action_id: int, epoch: int, margin: timedelta) -> bool:
-        params = {"id": action_id, "epoch": epoch, "margin": margin}
-        return await self.run(_single("begin_write", self.schema, params))
+        return bool(await self._fence({"id": action_id, "epoch": epoch, "margin": margin}))
 
     async def finish_end(
         self, action_id: int, epoch: int, state: ActionState, reason: str, ref: str | None
@@ -156,7 +198,7 @@ class Store:
             "reason": reason,
             "ref": ref,
         }
-        return await self.run(_single("finish_end", self.schema, params))
+        return bool(await self._end(params))
 
     async def finish_retry(self, action_id: int, epoch: int, after: timedelta) -> bool:
         params = {"id": action_id, "epoch": epoch, "after": after}

@@ -172,6 +172,34 @@ UPDATE {schema}.agent_action
  WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
 RETURNING id
 
+-- name: take_attempts
+-- take_attempt for many messages in one statement (outbox/batching.py): each row keeps its own
+-- epoch and once-per-epoch check.
+UPDATE {schema}.agent_action a SET taken_epoch = a.epoch
+  FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
+ WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+   AND a.taken_epoch IS DISTINCT FROM a.epoch
+RETURNING a.*, a.lease_until - now() AS lease_left
+
+-- name: begin_writes
+-- begin_write for many attempts in one statement: each row keeps its own epoch and margin check.
+UPDATE {schema}.agent_action a SET write_started_at = now()
+  FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(margins)s::interval[])
+       AS m(id, epoch, margin)
+ WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+   AND a.lease_until - now() >= m.margin
+RETURNING a.id, a.epoch
+
+-- name: finish_ends
+-- finish_end for many attempts in one statement: each row keeps its own epoch check.
+UPDATE {schema}.agent_action a
+   SET state = m.state, stop_reason = m.reason, readback_ref = m.ref,
+       payload = NULL, ended_at = now()
+  FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(states)s::text[], %(reasons)s::text[],
+              %(refs)s::text[]) AS m(id, epoch, state, reason, ref)
+ WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+RETURNING a.id, a.epoch
+
 -- name: finish_retry
 -- A proven retry: waiting again after `after`, fence and lease cleared, if the epoch holds.
 UPDATE {schema}.agent_action
