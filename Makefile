@@ -8,7 +8,8 @@ BIN := $(VENV)/bin
 $(BIN)/outbox: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,embedded]'
+	$(BIN)/pip install -q --no-deps 'dramatiq-dashboard==0.4.0'
 	touch $(BIN)/outbox
 
 install: $(BIN)/outbox

@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 
+from outbox.demo.commands import setup_dashboard, setup_demo
 from outbox.dispatch.commands import setup_claimer, setup_worker
 from outbox.erasure import erase_subject
 from outbox.errors import OutboxError
@@ -179,6 +180,8 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _setup_inspect,
     setup_claimer,
     setup_worker,
+    setup_demo,
+    setup_dashboard,
 ]
 
 

@@ -1,0 +1,344 @@
+"""``outbox demo``: migrate, enqueue a realistic mix of emails, run a claimer and a Dramatiq worker
+pool until every action ended, and print the outcomes.
+
+Defaults are embedded: PostgreSQL from the ``pgserver`` package when no database URL is set,
+Dramatiq's in-process ``StubBroker`` when no broker URL is set, and an in-process SMTP sink with
+injected faults when no SMTP URL is set. With URLs set, the same run uses real servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from outbox.demo.app import Digest, PasswordReset, People, Welcome, build_outbox
+from outbox.email import RecipientCannotReceive, SmtpSettings, enqueue_email
+from outbox.errors import ConfigurationError
+
+#: The demo's own schema, dropped and created anew on every run.
+DEMO_SCHEMA = "outbox_demo"
+SENDER = "Outbox Demo <noreply@demo.example>"
+
+
+@dataclass
+class DemoResult:
+    enqueued: int = 0
+    refused_at_enqueue: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    accepted_by_sink: int | None = None
+    duplicates_at_sink: int | None = None
+    seconds: float = 0.0
+    where: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def all_ended(self) -> bool:
+        return sum(self.outcomes.values()) == self.enqueued
+
+
+@contextmanager
+def _database(url: str | None) -> Iterator[tuple[str, str]]:
+    """The given URL, or an embedded PostgreSQL (pgserver) in a temporary directory."""
+    if url:
+        yield url, "PostgreSQL at OUTBOX_DATABASE_URL"
+        return
+    try:
+        warnings.filterwarnings("ignore", module="platformdirs")
+        import pgserver  # type: ignore[import-not-found]
+    except ImportError:
+        raise ConfigurationError(
+            "no OUTBOX_DATABASE_URL and no embedded PostgreSQL: pip install 'outbox[embedded]' "
+            "(make demo does), or set OUTBOX_DATABASE_URL"
+        ) from None
+    # pgserver's platformdirs warns when XDG_RUNTIME_DIR is unset (root on a server): harmless.
+    warnings.filterwarnings("ignore", module="platformdirs")
+    datadir = tempfile.mkdtemp(prefix="outbox-demo-pg-")
+    server = pgserver.get_server(datadir, cleanup_mode="stop")
+    try:
+        yield server.get_uri(), f"embedded PostgreSQL (pgserver) in {datadir}"
+    finally:
+        server.cleanup()
+        shutil.rmtree(datadir, ignore_errors=True)
+
+
+@contextmanager
+def _smtp(url: str | None) -> Iterator[tuple[SmtpSettings, Any]]:
+    if url:
+        yield SmtpSettings.from_url(url, os.environ.get("OUTBOX_SMTP_SENDER", SENDER)), None
+        return
+    from outbox.demo.sink import FaultySink
+
+    sink = FaultySink()
+    sink_url = sink.start()
+    try:
+        yield SmtpSettings.from_url(sink_url, SENDER), sink
+    finally:
+        sink.stop()
+
+
+def _broker(url: str | None) -> tuple[Any, str]:
+    if url:
+        from outbox.dispatch.broker import broker_from_url
+
+        return broker_from_url(url), "Dramatiq broker at OUTBOX_BROKER_URL"
+    from dramatiq.brokers.stub import StubBroker
+
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    return broker, "Dramatiq's in-process StubBroker"
+
+
+def _people(n: int, rng: random.Random) -> list[tuple[int, str, str | None, bool]]:
+    """Demo people: most ordinary, some whose relay misbehaves, a few without an address or
+    unsubscribed."""
+    people = []
+    for i in range(1, n + 1):
+        domain = (
+            "flaky.example"
+            if i % 13 == 3
+            else "gone.example"
+            if i % 29 == 7
+            else "slow.example"
+            if i % 47 == 11
+            else "example.org"
+        )
+        email = None if rng.random() < 0.02 else f"person{i}@{domain}"
+        subscribed = rng.random() > 0.04
+        people.append((i, f"Person {i}", email, subscribed))
+    return people
+
+
+def _enqueue(
+    conn: psycopg.Connection[Any], people_rows: list[Any], notices: list[Any], result: DemoResult
+) -> None:
+    rng = random.Random(7)
+    for person_id, _name, _email, _subscribed in people_rows:
+        for notice in rng.sample(notices, k=rng.choice((1, 1, 2))):
+            event: dict[str, Any] = {"person": person_id}
+            if isinstance(notice, Digest):
+                event["week"] = "2026-W48"
+            if isinstance(notice, PasswordReset):
+                event["code"] = f"{rng.randrange(10**6):06d}"
+            try:
+                enqueue_email(
+                    conn,
+                    notice,
+                    event,
+                    lane_key=f"person:{person_id}",
+                    subject_account_id=person_id,
+                    schema=DEMO_SCHEMA,
+                )
+                result.enqueued += 1
+            except RecipientCannotReceive as refused:
+                result.refused_at_enqueue[refused.reason] += 1
+    conn.commit()
+
+
+def _progress(done: int, total: int, states: Counter[str], started: float) -> None:
+    """A bar redrawn in place on a terminal; a plain line a second otherwise (CI logs)."""
+    tty = sys.stderr.isatty()
+    elapsed = time.monotonic() - started
+    if not tty and done < total and int(elapsed * 4) % 4:
+        return
+    width = 32
+    filled = int(width * done / total) if total else width
+    summary = " ".join(f"{s.lower()}={n}" for s, n in sorted(states.items()))
+    line = (
+        f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} ended {elapsed:5.1f}s  {summary}"
+    )
+    sys.stderr.write(f"\r{line}\033[K" if tty else f"{line}\n")
+    sys.stderr.flush()
+
+
+def _counts(conn: psycopg.Connection[Any]) -> tuple[Counter[str], Counter[tuple[str, str]]]:
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT state, coalesce(stop_reason, ''), count(*) FROM {}.agent_action GROUP BY 1, 2"
+        ).format(sql.Identifier(DEMO_SCHEMA))
+    ).fetchall()
+    states: Counter[str] = Counter()
+    ended: Counter[tuple[str, str]] = Counter()
+    for state, reason, n in rows:
+        states[state] += n
+        if reason:
+            ended[(state, reason)] += n
+    return states, ended
+
+
+def run_demo(people: int = 200, timeout: float = 120.0, progress: bool = True) -> DemoResult:
+    """Runs the whole demo and returns what happened (``outbox demo`` prints it)."""
+    import dramatiq
+
+    from outbox.dispatch.actors import install
+    from outbox.dispatch.claimer import Claimer
+
+    result = DemoResult()
+    env = os.environ
+    with ExitStack() as stack:
+        db_url, db_where = stack.enter_context(
+            _database(env.get("OUTBOX_DATABASE_URL") or env.get("DATABASE_URL"))
+        )
+        smtp, sink = stack.enter_context(_smtp(env.get("OUTBOX_SMTP_URL")))
+        broker, broker_where = _broker(env.get("OUTBOX_BROKER_URL"))
+        result.where = {
+            "database": db_where,
+            "broker": broker_where,
+            "smtp": "in-process SMTP sink with injected faults" if sink else "OUTBOX_SMTP_URL",
+        }
+        outbox, people_source = build_outbox(
+            smtp,
+            database_url=db_url,
+            schema=DEMO_SCHEMA,
+            lease=timedelta(seconds=20),
+            write_margin=timedelta(seconds=5),
+            retry_base=timedelta(seconds=0.3),
+            retry_cap=timedelta(seconds=2),
+            poll_interval=timedelta(seconds=0.2),
+            housekeeping_interval=timedelta(seconds=1),
+            in_flight=32,
+            batch_size=32,
+        )
+        stack.callback(people_source.close)
+        _prepare_database(db_url, outbox, people_source, people, result)
+        started = time.monotonic()
+        dispatch = install(outbox, broker)
+        worker = dramatiq.Worker(broker, worker_threads=8, worker_timeout=100)
+        worker.start()
+        try:
+            asyncio.run(
+                _claim_until_settled(
+                    outbox, dispatch, Claimer, db_url, result, started, timeout, progress
+                )
+            )
+        finally:
+            worker.stop()
+        result.seconds = time.monotonic() - started
+        if sink is not None:
+            result.accepted_by_sink = sink.total()
+            result.duplicates_at_sink = sink.duplicates()
+    return result
+
+
+def _prepare_database(
+    db_url: str, outbox: Any, people_source: People, people: int, result: DemoResult
+) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(DEMO_SCHEMA))
+        )
+    outbox.migrate()
+    rows = _people(people, random.Random(42))
+    with psycopg.connect(db_url) as conn:
+        people_source.ensure_table(conn)
+        with conn.cursor() as cur:
+            cur.executemany(
+                sql.SQL("INSERT INTO {}.demo_person VALUES (%s, %s, %s, %s)").format(
+                    sql.Identifier(DEMO_SCHEMA)
+                ),
+                rows,
+            )
+        conn.commit()
+        notices = [Welcome(people_source), Digest(people_source), PasswordReset(people_source)]
+        _enqueue(conn, rows, notices, result)
+        # Some people unsubscribe after their email was enqueued: the adapter prepares again
+        # before the attempt and cancels it, so they get nothing.
+        conn.execute(
+            sql.SQL("UPDATE {}.demo_person SET subscribed = false WHERE id % 17 = 0").format(
+                sql.Identifier(DEMO_SCHEMA)
+            )
+        )
+        conn.commit()
+
+
+async def _claim_until_settled(
+    outbox: Any,
+    dispatch: Any,
+    claimer_class: Any,
+    db_url: str,
+    result: DemoResult,
+    started: float,
+    timeout: float,
+    progress: bool,
+) -> None:
+    stop = asyncio.Event()
+    async with outbox.store() as store:
+        claimer = claimer_class(dispatch, store)
+        task = asyncio.create_task(claimer.run(stop))
+        try:
+            with psycopg.connect(db_url, autocommit=True) as conn:
+                while True:
+                    states, ended = _counts(conn)
+                    done = sum(ended.values())
+                    if progress:
+                        _progress(done, result.enqueued, states, started)
+                    if done >= result.enqueued:
+                        result.outcomes = ended
+                        break
+                    if time.monotonic() - started > timeout:
+                        result.outcomes = ended
+                        break
+                    await asyncio.sleep(0.25)
+        finally:
+            stop.set()
+            await task
+            if progress and sys.stderr.isatty():
+                sys.stderr.write("\n")
+
+
+def render(result: DemoResult) -> str:
+    lines = ["", "outbox demo: outcomes", ""]
+    lines.append(f"  {'state':<10} {'reason':<34} {'actions':>7}")
+    lines.append(f"  {'-' * 10} {'-' * 34} {'-' * 7}")
+    for (state, reason), n in sorted(result.outcomes.items(), key=lambda x: (x[0][0], -x[1])):
+        lines.append(f"  {state:<10} {reason:<34} {n:>7}")
+    ended = sum(result.outcomes.values())
+    lines.append(f"  {'':<10} {'ended':<34} {ended:>7} of {result.enqueued} enqueued")
+    for reason, n in sorted(result.refused_at_enqueue.items()):
+        lines.append(f"  {'(refused)':<10} {'not enqueued: ' + reason:<34} {n:>7}")
+    if result.accepted_by_sink is not None:
+        lines.append("")
+        lines.append(
+            f"  SMTP sink accepted {result.accepted_by_sink} messages, "
+            f"{result.duplicates_at_sink} of them twice (the outbox's promise: 0)."
+        )
+    lines.append(f"  {result.seconds:.1f}s on {', '.join(result.where.values())}.")
+    lines += [
+        "",
+        "What the outcomes mean:",
+        "  DONE      the relay accepted the message (readback_ref holds its reply)",
+        "  FAILED    the relay refused it for good (5xx), or every retry hit a 4xx",
+        "  CANCELLED the person unsubscribed after the email was enqueued",
+        "  UNCERTAIN the relay got the message but its reply timed out: never sent again",
+        "",
+        "Where to look next:",
+        "  outbox status --schema outbox_demo      (with OUTBOX_DATABASE_URL set)",
+        "  outbox dashboard                         a web page of the same",
+        "  README.md: 'Five minutes: add a kind and its adapter'",
+    ]
+    return "\n".join(lines)
+
+
+def main(people: int = 200, timeout: float = 120.0) -> int:
+    result = run_demo(people=people, timeout=timeout)
+    print(render(result))
+    if not result.all_ended:
+        print(f"\nNot every action ended within {timeout:.0f}s.", file=sys.stderr)
+        return 1
+    if result.duplicates_at_sink:
+        print("\nA message was accepted twice: that is a bug, please report it.", file=sys.stderr)
+        return 1
+    return 0
