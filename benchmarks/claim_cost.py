@@ -121,7 +121,7 @@ CASES = (
 
 
 def run(scale: Scale) -> list[Result]:
-    runs = scale.n(15, 41, floor=3)
+    runs = scale.n(15, 101, floor=3)
     results: list[Result] = []
     base: float | None = None
     for name, what, sizes in CASES:

@@ -14,7 +14,7 @@ import redis
 
 from benchmarks import apps
 from benchmarks.common import REDIS_URL, Result, Scale, ms, percentile
-from benchmarks.rig import PROCESSES, THREADS, WORKER_TIMEOUT_MS, paced, rig, wait_until
+from benchmarks.rig import IN_FLIGHT, PROCESSES, THREADS, WORKER_TIMEOUT_MS, paced, rig, wait_until
 
 #: Messages a second of the paced (latency) run.
 PACE = 100.0
@@ -35,8 +35,8 @@ def measure(scale: Scale) -> RawCeiling:
     """Runs the raw pool once per run (later calls return the same numbers)."""
     if scale in _measured:
         return _measured[scale]
-    n = scale.n(3_000, 10_000, floor=50)
-    paced_n = scale.n(300, 1_000, floor=20)
+    n = scale.n(3_000, 20_000, floor=50)
+    paced_n = scale.n(300, 3_000, floor=20)
     broker = apps.raw_broker()
     actor = broker.get_actor("bench_raw_noop")
     with rig("bench_dramatiq_raw") as r:
@@ -74,6 +74,7 @@ def run(scale: Scale) -> list[Result]:
             extra={
                 "processes": PROCESSES,
                 "threads": THREADS,
+                "in_flight": IN_FLIGHT,
                 "worker_timeout_ms": WORKER_TIMEOUT_MS,
                 "latency_is": f"send to actor start, {raw.latency_n} messages at {PACE:.0f}/s",
             },

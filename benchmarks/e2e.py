@@ -32,7 +32,7 @@ PER_TX = 100
 
 def run(scale: Scale) -> list[Result]:
     raw = dramatiq_raw.measure(scale)
-    n = scale.n(3_000, 10_000, floor=50)
+    n = scale.n(3_000, 20_000, floor=50)
     with bench_schema("e2e") as schema, rig(schema) as r:
         outbox = migrated_outbox(schema)
         r.outbox_workers()

@@ -63,7 +63,7 @@ async def run_all(outbox: Outbox, n: int) -> tuple[float, int, list[float]]:
 
 
 def run(scale: Scale) -> list[Result]:
-    n = scale.n(5_000, 20_000, floor=50)
+    n = scale.n(5_000, 50_000, floor=50)
     with bench_schema("inprocess") as schema:
         adapter = NoopAdapter()
         outbox = migrated_outbox(schema)

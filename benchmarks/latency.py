@@ -29,7 +29,7 @@ from outbox import ActionRequest
 
 def run(scale: Scale) -> list[Result]:
     raw = dramatiq_raw.measure(scale)
-    n = scale.n(300, 1_000, floor=20)
+    n = scale.n(300, 3_000, floor=20)
     committed: dict[int, float] = {}
     with bench_schema("latency") as schema, rig(schema, BENCH_RECORD_STARTS="1") as r:
         outbox = migrated_outbox(schema)

@@ -23,9 +23,14 @@ REPO = str(Path(__file__).resolve().parent.parent)
 APP = "benchmarks.apps:outbox_app"
 RAW_APP = "benchmarks.apps:raw_broker"
 
-#: Worker processes and threads of every pool: one process a core on this 2-core machine.
+#: Worker processes and threads of every pool: one process a core on this 2-core machine, and
+#: threads enough that an I/O-bound actor (each outbox attempt waits on three short statements)
+#: keeps the cores busy.
 PROCESSES = 2
-THREADS = 8
+THREADS = 32
+#: The claimer's in-flight bound: what the pool holds, running and prefetched (Dramatiq
+#: prefetches two messages a thread), so the bound never idles a thread that could run.
+IN_FLIGHT = PROCESSES * THREADS * 2
 #: An idle Redis consumer polls with a backoff up to this many ms (Dramatiq's default is 1,000,
 #: which alone would put an idle pool's p50 latency in the hundreds of ms); the price is a few
 #: hundred cheap Redis calls a second while idle.
@@ -47,6 +52,7 @@ class Rig:
             "OUTBOX_BROKER_URL": REDIS_URL,
             "PYTHONPATH": REPO,
             "dramatiq_worker_timeout": str(WORKER_TIMEOUT_MS),
+            "OUTBOX_IN_FLIGHT": str(IN_FLIGHT),
             **self.settings,
         }
 
