@@ -3,7 +3,7 @@
 
 - ``benchmarks.apps:outbox_app``: an ``Outbox`` with one no-op kind whose adapter passes its
   fence and returns ``Done``; with ``BENCH_RECORD_STARTS=1`` it first records the wall-clock time
-  it started (Redis hash ``bench:starts``, by action id) for the latency scenario.
+  it started (Redis hash ``bench:<run id>:starts``, by action id) for the latency scenario.
 - ``benchmarks.apps:raw_broker``: the same broker with one plain Dramatiq actor and no outbox,
   the ceiling of the e2e scenario.
 """
@@ -19,16 +19,16 @@ import redis
 import redis.asyncio
 from dramatiq import Broker
 
-from benchmarks.common import NOOP, REDIS_URL
+from benchmarks.common import NOOP, REDIS_URL, RUN_ID
 from outbox import Abandoned, ActionAttempt, Done, Outbox, Result
 from outbox.dispatch import broker_from_url
 
 #: Where the adapter and the raw actor record what the scenario reads back.
-STARTS_KEY = "bench:starts"
-RAW_DONE_KEY = "bench:raw:done"
-RAW_LATENCY_KEY = "bench:raw:latency"
+STARTS_KEY = f"bench:{RUN_ID}:starts"
+RAW_DONE_KEY = f"bench:{RUN_ID}:raw:done"
+RAW_LATENCY_KEY = f"bench:{RUN_ID}:raw:latency"
 #: The raw actor's queue (the outbox's is ``NOOP.queue_name``).
-RAW_QUEUE = "bench.raw"
+RAW_QUEUE = f"bench.raw.{RUN_ID}"
 #: The outbox's actors run under a time limit of one lease; the raw actor gets the same.
 TIME_LIMIT_MS = 5 * 60 * 1000
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -18,11 +19,17 @@ from outbox import ActionKind, Outbox
 DATABASE_URL = os.environ.get(
     "OUTBOX_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
-#: Redis DB 14 is the benchmarks' own: it is flushed before each broker scenario.
+#: Redis DB 14 is the benchmarks'; each run uses keys and queues of its own there.
 REDIS_URL = os.environ.get("OUTBOX_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 
+#: Names this run's schemas, kind, queues and Redis keys, so that runs at the same time (a CI
+#: job's smoke test next to a developer's run) never see, flush or drop each other's.
+RUN_ID = os.environ.setdefault("OUTBOX_BENCH_RUN_ID", f"r{os.getpid()}")
+if not re.fullmatch(r"[a-z0-9_]{1,20}", RUN_ID):
+    raise ValueError(f"OUTBOX_BENCH_RUN_ID {RUN_ID!r}: 1-20 of a-z, 0-9, _")
+
 #: The no-op kind every throughput scenario runs (read-back: nothing refuses a reclaim).
-NOOP = ActionKind("BENCH_NOOP")
+NOOP = ActionKind(f"BENCH_NOOP_{RUN_ID.upper()}")
 
 
 @dataclass
@@ -80,8 +87,8 @@ def ms(seconds: float) -> float:
 
 @contextmanager
 def bench_schema(name: str, database_url: str = DATABASE_URL) -> Iterator[str]:
-    """``bench_<name>``, empty at the start and dropped at the end (also on failure)."""
-    schema = "bench_" + name.replace("-", "_")
+    """``bench_<name>_<run id>``, empty at the start and dropped at the end (also on failure)."""
+    schema = f"bench_{name.replace('-', '_')}_{RUN_ID}"
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     try:

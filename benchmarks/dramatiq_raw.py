@@ -39,7 +39,7 @@ def measure(scale: Scale) -> RawCeiling:
     paced_n = scale.n(300, 3_000, floor=20)
     broker = apps.raw_broker()
     actor = broker.get_actor("bench_raw_noop")
-    with rig("bench_dramatiq_raw") as r:
+    with rig("raw") as r:
         client = redis.Redis.from_url(REDIS_URL)
         r.stack.callback(client.close)
         r.raw_workers()

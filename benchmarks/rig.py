@@ -1,5 +1,5 @@
 """Real processes for the broker scenarios: the outbox's claimer and workers, or a plain Dramatiq
-worker pool, on Redis DB 14 (flushed first) and the scenario's own schema.
+worker pool, on Redis DB 14 (this run's keys and queues only) and the scenario's own schema.
 
 Every pool runs with the same worker settings, so the outbox and its ceiling differ only by
 what the outbox itself does.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import redis
 
-from benchmarks.common import DATABASE_URL, REDIS_URL
+from benchmarks.common import DATABASE_URL, REDIS_URL, RUN_ID
 from outbox.dispatch.processes import WORKER_READY, OutboxProcess, start_claimer, start_worker
 
 REPO = str(Path(__file__).resolve().parent.parent)
@@ -53,6 +53,7 @@ class Rig:
             "PYTHONPATH": REPO,
             "dramatiq_worker_timeout": str(WORKER_TIMEOUT_MS),
             "OUTBOX_IN_FLIGHT": str(IN_FLIGHT),
+            "OUTBOX_BENCH_RUN_ID": RUN_ID,
             **self.settings,
         }
 
@@ -76,19 +77,22 @@ class Rig:
         return proc
 
 
-def flush_redis() -> redis.Redis:
-    client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
-    return client
+def forget_run_keys() -> None:
+    """Deletes this run's Redis keys: its queues (named after its kind) and its records."""
+    with redis.Redis.from_url(REDIS_URL) as client:
+        for key in client.scan_iter(match=f"*{RUN_ID}*", count=1000):
+            client.delete(key)
 
 
 @contextmanager
 def rig(schema: str, **settings: str) -> Iterator[Rig]:
-    """Flushes Redis DB 14, yields a ``Rig``, stops its processes and flushes again."""
-    flush_redis()
-    with ExitStack() as stack:
-        yield Rig(schema, settings, stack)
-    flush_redis()
+    """Yields a ``Rig`` on clean queues; stops its processes and deletes this run's keys."""
+    forget_run_keys()
+    try:
+        with ExitStack() as stack:
+            yield Rig(schema, settings, stack)
+    finally:
+        forget_run_keys()
 
 
 def wait_until(check, timeout: float, what: str, interval: float = 0.005) -> float:

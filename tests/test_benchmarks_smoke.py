@@ -1,5 +1,6 @@
 """The benchmark harness works: every scenario runs end to end with a tiny N, prints one JSON
-object per result with the keys the report promises, and leaves no schema behind.
+object per result with the keys the report promises, and leaves no schema and no Redis key of
+its run behind (runs at the same time never touch each other's).
 
 No timing is asserted (this machine is shared): only that the numbers exist and are sane.
 """
@@ -8,23 +9,28 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
+import redis
 
 from benchmarks.__main__ import SCENARIOS
+from benchmarks.common import REDIS_URL
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = {"scenario", "n", "actions_per_s", "p50_ms", "p99_ms", "ratio", "ratio_to"}
 
 
-def run_benchmarks(*args: str) -> tuple[list[dict], str]:
+def run_benchmarks(run_id: str, *args: str) -> tuple[list[dict], str]:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--scale", "0.01", *args],
         cwd=REPO,
+        env={**os.environ, "OUTBOX_BENCH_RUN_ID": run_id},
         capture_output=True,
         text=True,
         timeout=240,
@@ -36,7 +42,8 @@ def run_benchmarks(*args: str) -> tuple[list[dict], str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_each_scenario_reports_every_key_and_drops_its_schema(name, database_url):
-    rows, table = run_benchmarks("--only", name)
+    run_id = f"smoke_{uuid.uuid4().hex[:8]}"
+    rows, table = run_benchmarks(run_id, "--only", name)
     assert rows, table
     for row in rows:
         assert row.keys() >= KEYS, row
@@ -48,6 +55,8 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(name, database_url
         assert row["scenario"] in table
     with psycopg.connect(database_url) as conn:
         left = conn.execute(
-            "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'bench\\_%%'"
+            "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (f"bench%{run_id}",)
         ).fetchall()
     assert left == []
+    with redis.Redis.from_url(REDIS_URL) as client:
+        assert list(client.scan_iter(match=f"*{run_id}*")) == []
