@@ -45,8 +45,9 @@ class NoopAdapter:
         return Done(ref="noop")
 
 
-async def run_all(outbox: Outbox, n: int) -> tuple[float, int, list[float]]:
-    """Seconds to run every due action, the rounds it took, and each round's duration."""
+async def run_all(outbox: Outbox, n: int) -> tuple[float, int, list[float], dict[str, float]]:
+    """Seconds to run every due action, the rounds it took, each round's duration, and the
+    attempts a statement of each group-committed sort carried on average."""
     rounds: list[float] = []
     done = 0
     async with outbox.store() as store:
@@ -59,7 +60,13 @@ async def run_all(outbox: Outbox, n: int) -> tuple[float, int, list[float]]:
                 raise RuntimeError(f"nothing due after {done} of {n} actions")
             done += sum(1 for o in outcomes if o.recorded)
             rounds.append(time.perf_counter() - round_started)
-        return time.perf_counter() - started, len(rounds), rounds
+        took = time.perf_counter() - started
+        per_statement = {
+            f"{w.name}_per_statement": round(w.calls / w.statements, 1)
+            for w in store.group_writers
+            if w.statements
+        }
+        return took, len(rounds), rounds, per_statement
 
 
 def run(scale: Scale) -> list[Result]:
@@ -71,7 +78,7 @@ def run(scale: Scale) -> list[Result]:
         bulk_enqueue(schema, n)
         with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
             conn.execute(f'VACUUM ANALYZE "{schema}".agent_action')
-        seconds, rounds, round_s = asyncio.run(run_all(outbox, n))
+        seconds, rounds, round_s, per_statement = asyncio.run(run_all(outbox, n))
         ceiling = pgbench.measure(
             schema, outbox.settings.pool_size, scale.seconds(quick=5, full=15)
         )
@@ -93,6 +100,7 @@ def run(scale: Scale) -> list[Result]:
                 "latency_is": "one claim_and_run round (claim, fences, finishes)",
                 "fence_p50_ms": ms(percentile(adapter.seconds, 50)),
                 "fence_p99_ms": ms(percentile(adapter.seconds, 99)),
+                **per_statement,
             },
         )
     ]
