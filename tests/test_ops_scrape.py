@@ -116,13 +116,17 @@ def test_scrape_of_running_claimer_and_worker_shows_counters_after_a_known_mix(
             )
 
         wait_for(lambda: ended_total(scrape(claimer_port)) == len(PLANS), 60, "6 ends", logs)
-        # The gauges are refreshed by the claimer's housekeeping once nothing is due.
-        wait_for(
-            lambda: scrape(claimer_port).get(("outbox_actions_due", label())) == 0,
-            10,
-            "due gauge at 0",
-            logs,
-        )
+
+        # The gauges are refreshed by the claimer's housekeeping timer: wait for a refresh
+        # that came after the last action ended (nothing due and nothing in flight).
+        def settled() -> bool:
+            samples = scrape(claimer_port) or {}
+            return (
+                samples.get(("outbox_actions_due", label())) == 0
+                and samples.get(("outbox_actions_in_flight", label(queue=kind.queue_name))) == 0
+            )
+
+        wait_for(settled, 10, "due and in-flight gauges at 0", logs)
         wait_for(lambda: scrape(worker_port) is not None, 30, "the worker's endpoint", logs)
 
         for port in (claimer_port, worker_port):
