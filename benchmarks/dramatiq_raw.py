@@ -7,6 +7,7 @@ the raw actor's only work). Measured once per run and shared with the scenarios 
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ import redis
 
 from benchmarks import apps
 from benchmarks.common import REDIS_URL, Result, Scale, ms, percentile
+from benchmarks.cpu import CpuMeter
 from benchmarks.rig import IN_FLIGHT, PROCESSES, THREADS, WORKER_TIMEOUT_MS, paced, rig, wait_until
 
 #: Messages a second of the paced (latency) run.
@@ -26,6 +28,7 @@ class RawCeiling:
     per_s: float
     latency_n: int
     latencies: list[float]
+    cpu_ms: dict[str, float | None]
 
 
 _measured: dict[Scale, RawCeiling] = {}
@@ -42,7 +45,8 @@ def measure(scale: Scale) -> RawCeiling:
     with rig("raw") as r:
         client = redis.Redis.from_url(REDIS_URL)
         r.stack.callback(client.close)
-        r.raw_workers()
+        cpu = CpuMeter(workers=r.raw_workers().pid, sender=os.getpid())
+        cpu.start()
         started = time.perf_counter()
         for _ in range(n):
             actor.send()
@@ -50,13 +54,14 @@ def measure(scale: Scale) -> RawCeiling:
             lambda: int(client.get(apps.RAW_DONE_KEY) or 0) >= n, 300, "raw messages not done"
         )
         per_s = n / (ended - started)
+        cpu.stop()
         client.delete(apps.RAW_DONE_KEY)
         time.sleep(0.5)  # idle again, as the latency scenario's pool is
         for _ in paced(paced_n, PACE):
             actor.send(time.time())
         wait_until(lambda: int(client.get(apps.RAW_DONE_KEY) or 0) >= paced_n, 60, "paced")
         latencies = [float(v) for v in client.lrange(apps.RAW_LATENCY_KEY, 0, -1)]
-    _measured[scale] = RawCeiling(n, per_s, paced_n, latencies)
+    _measured[scale] = RawCeiling(n, per_s, paced_n, latencies, cpu.per_action_ms(n))
     return _measured[scale]
 
 
@@ -76,6 +81,7 @@ def run(scale: Scale) -> list[Result]:
                 "threads": THREADS,
                 "in_flight": IN_FLIGHT,
                 "worker_timeout_ms": WORKER_TIMEOUT_MS,
+                **raw.cpu_ms,
                 "latency_is": f"send to actor start, {raw.latency_n} messages at {PACE:.0f}/s",
             },
         )

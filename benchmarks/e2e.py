@@ -8,6 +8,7 @@ same pool, same run).
 
 from __future__ import annotations
 
+import os
 import time
 
 import psycopg
@@ -23,6 +24,7 @@ from benchmarks.common import (
     ms,
     percentile,
 )
+from benchmarks.cpu import CpuMeter
 from benchmarks.rig import rig, wait_until
 from outbox import ActionRequest
 
@@ -35,8 +37,10 @@ def run(scale: Scale) -> list[Result]:
     n = scale.n(3_000, 20_000, floor=50)
     with bench_schema("e2e") as schema, rig(schema) as r:
         outbox = migrated_outbox(schema)
-        r.outbox_workers()
-        r.claimer()
+        cpu = CpuMeter(
+            workers=r.outbox_workers().pid, claimer=r.claimer().pid, enqueuer=os.getpid()
+        )
+        cpu.start()
         tx_seconds: list[float] = []
         with psycopg.connect(DATABASE_URL, autocommit=True) as watch:
             ended_sql = f'SELECT count(*) FROM "{schema}".agent_action WHERE ended_at IS NOT NULL'
@@ -63,6 +67,7 @@ def run(scale: Scale) -> list[Result]:
                         tx_seconds.append(time.perf_counter() - before)
             enqueued = time.perf_counter()
             done_at = wait_until(lambda: ended() >= n, 600, "e2e actions not ended", 0.02)
+            cpu.stop()
             states = dict(
                 watch.execute(
                     f'SELECT state, count(*) FROM "{schema}".agent_action GROUP BY state'
@@ -98,6 +103,7 @@ def run(scale: Scale) -> list[Result]:
                 "commit_p50_ms": ms(percentile(tx_seconds, 50)),
                 "max_attempt": max_attempt,
                 "states": states,
+                **cpu.per_action_ms(n),
             },
         )
     ]
