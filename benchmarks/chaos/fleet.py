@@ -1,0 +1,110 @@
+"""The claimer and worker processes of the soak: started, SIGKILLed at random, replaced.
+
+Each process is a session of its own (``outbox.dispatch.processes``), so a SIGKILL takes a
+``dramatiq`` master down with its worker processes at once, as a crashed machine would. Every
+end of a process (kill, or the clean stop at the end) is committed to ``<watch>.process_end``
+with the database clock just before and just after the signal, keyed by the process group id
+that the adapters record with each attempt.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from outbox.dispatch.processes import OutboxProcess, start_claimer, start_worker
+
+#: The soak's application, as the processes load it.
+APP = "benchmarks.chaos.app:make_outbox"
+#: Threads of each worker process (one attempt at a time per thread).
+WORKER_THREADS = 8
+
+
+@dataclass
+class Member:
+    role: str  # "claimer" or "worker"
+    proc: OutboxProcess
+
+
+class Fleet:
+    """``claimers`` claimer processes and ``workers`` one-process dramatiq worker pools."""
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        cwd: str,
+        conn: psycopg.Connection[Any],
+        watch: str,
+        claimers: int = 2,
+        workers: int = 2,
+    ) -> None:
+        self.env = dict(env)
+        self.cwd = cwd
+        self.conn = conn
+        self.table = f'"{watch}".process_end'
+        self.shape = {"claimer": claimers, "worker": workers}
+        self.members: list[Member] = []
+        self.kills: dict[str, int] = {"claimer": 0, "worker": 0}
+
+    def _spawn(self, role: str, wait: bool) -> Member:
+        if role == "claimer":
+            proc = start_claimer(APP, self.env, cwd=self.cwd, wait=wait)
+        else:
+            proc = start_worker(
+                APP, self.env, processes=1, threads=WORKER_THREADS, cwd=self.cwd, wait=wait
+            )
+        member = Member(role, proc)
+        self.members.append(member)
+        return member
+
+    def start(self) -> None:
+        """Starts the whole fleet and waits until every process is ready."""
+        for role, count in self.shape.items():
+            for _ in range(count):
+                self._spawn(role, wait=True)
+
+    def _now(self) -> Any:
+        row = self.conn.execute("SELECT clock_timestamp()").fetchone()
+        assert row is not None
+        return row[0]
+
+    def _record(self, member: Member, how: str, before: Any) -> None:
+        self.conn.execute(
+            f"INSERT INTO {self.table} (pgid, role, how, before, after)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            (member.proc.pid, member.role, how, before, self._now()),
+        )
+
+    def kill_one(self, rng: random.Random) -> Member:
+        """SIGKILLs a random member, records it, and starts its replacement (not waiting)."""
+        victim = rng.choice(self.members)
+        before = self._now()
+        victim.proc.kill()
+        self._record(victim, "SIGKILL", before)
+        self.members.remove(victim)
+        victim.proc.log_path.unlink(missing_ok=True)
+        self.kills[victim.role] += 1
+        self._spawn(victim.role, wait=False)
+        return victim
+
+    def stop(self) -> None:
+        """A clean stop of every member (running attempts finish first), each end recorded."""
+        before = self._now()
+        for member in self.members:
+            if member.proc.popen.poll() is None:
+                member.proc.popen.send_signal(signal.SIGTERM)
+        for member in self.members:
+            member.proc.stop()
+            self._record(member, "SIGTERM", before)
+            member.proc.log_path.unlink(missing_ok=True)
+        self.members.clear()
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {m.role} {m.proc.pid}\n{m.proc.output()[-3000:]}" for m in self.members
+        )

@@ -1,0 +1,142 @@
+"""What the adapters record of each attempt, for the checks: when it ran, in which process group,
+when it asked its fence and what the fence said.
+
+Each write is one autocommit statement on a pool of its own (never the outbox's, never inside an
+action's transaction), so a row is either committed before a kill or absent. The order of the
+writes is what makes the checks sound:
+
+- ``start`` commits before the adapter does anything, so an attempt without a row did nothing;
+- ``fence_asked_at`` commits before ``begin_write()`` is called, so a fence that passed was asked
+  no earlier than that time (an erasure committed before it must make the fence refuse);
+- ``stop`` commits after the adapter is done, so an attempt without ``stopped_at`` was killed
+  (its process group's kill time closes its interval).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from outbox import ActionAttempt, Result
+
+
+class Recorder:
+    """One per process; opens its pool on first use, on the loop that uses it."""
+
+    def __init__(self, database_url: str, watch_schema: str) -> None:
+        self.database_url = database_url
+        self.t = f'"{watch_schema}".attempt'
+        self._pool: AsyncConnectionPool | None = None
+        self._pid = 0
+        # Guards opening the pool only (concurrent first attempts of one process).
+        self._lock = asyncio.Lock()
+
+    async def _execute(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        async with self._lock:
+            if self._pool is None or self._pid != os.getpid():
+                pool = AsyncConnectionPool(
+                    self.database_url,
+                    min_size=1,
+                    max_size=4,
+                    kwargs={"autocommit": True},
+                    open=False,
+                )
+                await pool.open(wait=True)
+                self._pool, self._pid = pool, os.getpid()
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall() if cur.description else []
+
+    async def start(self, attempt: ActionAttempt) -> int:
+        rows = await self._execute(
+            f"INSERT INTO {self.t} (action_id, epoch, attempt, kind, lane, pgid, pid,"
+            " write_started) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            (
+                attempt.id,
+                attempt.epoch,
+                attempt.attempt,
+                attempt.kind,
+                attempt.lane_key,
+                os.getpgid(0),
+                os.getpid(),
+                attempt.write_started,
+            ),
+        )
+        return int(rows[0][0])
+
+    async def fence_asked(self, row: int) -> None:
+        await self._execute(
+            f"UPDATE {self.t} SET fence_asked_at = clock_timestamp() WHERE id = %s", (row,)
+        )
+
+    async def fence_answered(self, row: int, passed: bool) -> None:
+        await self._execute(f"UPDATE {self.t} SET fence_passed = %s WHERE id = %s", (passed, row))
+
+    async def stop(self, row: int, result: str) -> None:
+        await self._execute(
+            f"UPDATE {self.t} SET stopped_at = clock_timestamp(), result = %s WHERE id = %s",
+            (result, row),
+        )
+
+
+class RecordedFence:
+    """The attempt's own fence, with its question and answer recorded, and an optional pause
+    after it passes (so that some kills land between the fence and the finish)."""
+
+    def __init__(self, attempt: ActionAttempt, recorder: Recorder, row: int, linger: float):
+        self._attempt = attempt
+        self._recorder = recorder
+        self._row = row
+        self._linger = linger
+
+    async def begin_write(self) -> bool:
+        await self._recorder.fence_asked(self._row)
+        passed = await self._attempt.fence().begin_write()
+        await self._recorder.fence_answered(self._row, passed)
+        if passed and self._linger > 0:
+            await asyncio.sleep(self._linger)
+        return passed
+
+
+class RecordedAttempt:
+    """An ``ActionAttempt`` as an adapter sees it, whose ``fence()`` is a ``RecordedFence``.
+
+    Everything else is the real attempt's (the executor still sees the fence pass on it).
+    """
+
+    def __init__(self, attempt: ActionAttempt, fence: RecordedFence) -> None:
+        self._real = attempt
+        self._fence = fence
+
+    def fence(self) -> RecordedFence:
+        return self._fence
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+async def run_recorded(
+    recorder: Recorder,
+    attempt: ActionAttempt,
+    linger: float,
+    execute: Callable[[Any], Awaitable[Result]],
+) -> Result:
+    """Runs ``execute(recorded_attempt)`` between a committed start row and a committed stop
+    row (the stop also when the executor cancels the attempt at its deadline)."""
+    row = await recorder.start(attempt)
+    outcome = "raised"
+    try:
+        result = await execute(
+            RecordedAttempt(attempt, RecordedFence(attempt, recorder, row, linger))
+        )
+        outcome = type(result).__name__
+        return result
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+        raise
+    finally:
+        await recorder.stop(row, outcome)

@@ -1,0 +1,76 @@
+"""The soak's closing table: each check with its count and verdict, then what happened."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from benchmarks.chaos.checks import Check, Evidence
+
+
+def happenings(
+    ev: Evidence, caused: dict[int, int], faults_armed: int, faults_left: int
+) -> list[tuple[str, Any]]:
+    """The numbers that say the soak exercised what it claims to: kills, kills inside the
+    fence-to-finish window, retries from injected faults, reclaims, erasures, expiries."""
+    killed = {e["pgid"]: e for e in ev.ends if e["how"] == "SIGKILL"}
+    roles = Counter(e["role"] for e in killed.values())
+    cut = [a for a in ev.attempts if a["stopped_at"] is None and a["pgid"] in killed]
+    after_fence = [a for a in cut if a["fence_asked_at"] is not None]
+    # Killed after the adapter returned and before its finish was written (the result is lost).
+    unfinished = {
+        (a["id"], a["epoch"])
+        for a in ev.actions.values()
+        if a["stop_reason"] in ("LEASE_LOST_AFTER_WRITE",)
+    }
+    returned = [
+        a
+        for a in ev.attempts
+        if a["stopped_at"] is not None and (a["action_id"], a["epoch"]) in unfinished
+    ]
+    states = Counter(
+        (ev.enqueued[i]["kind"], a["state"], a["stop_reason"]) for i, a in ev.actions.items()
+    )
+    email_retries = sum(1 for a in ev.attempts if a["kind"] == "EMAIL" and a["result"] == "Retry")
+    rows: list[tuple[str, Any]] = [
+        ("actions enqueued", len(ev.enqueued)),
+        ("lanes", len({e["lane"] for e in ev.enqueued.values()})),
+        ("attempts recorded", len(ev.attempts)),
+        ("SIGKILLs (claimer / worker)", f"{roles['claimer']} / {roles['worker']}"),
+        ("attempts cut by a kill", len(cut)),
+        ("  of them after the fence", len(after_fence)),
+        ("kills between the adapter's return and its finish", len(returned)),
+        (
+            "attempts after a write started (read back)",
+            sum(1 for a in ev.attempts if a["write_started"]),
+        ),
+        ("comment store errors injected / met", f"{faults_armed} / {faults_armed - faults_left}"),
+        ("email attempts retried (SMTP 4xx)", email_retries),
+        ("UNCERTAIN, each with its kill", len(caused)),
+        ("distinct kills that caused an UNCERTAIN", len(set(caused.values()))),
+        (
+            "accounts erased / actions erased",
+            f"{len(ev.erasures)} / {sum(e['erased'] for e in ev.erasures)}",
+        ),
+        ("  erased while EXECUTING", sum(e["in_flight"] for e in ev.erasures)),
+    ]
+    for (kind, state, reason), n in sorted(states.items()):
+        rows.append((f"{kind} {state} {reason}", n))
+    return rows
+
+
+def render(checks: list[Check], rows: list[tuple[str, Any]], seconds: float) -> str:
+    width = max(len(c.name) for c in checks) + 2
+    lines = [f"{'check':<{width}} {'examined':>9}  result", "-" * (width + 20)]
+    for c in checks:
+        verdict = "ok" if c.ok else f"FAILED ({len(c.violations)})"
+        lines.append(f"{c.name:<{width}} {c.examined:>9}  {verdict}")
+    lines.append("")
+    label = max(len(k) for k, _ in rows) + 2
+    for key, value in rows:
+        lines.append(f"{key:<{label}} {value}")
+    lines.append(f"{'wall clock':<{label}} {seconds:.0f} s")
+    for c in checks:
+        for v in c.violations[:10]:
+            lines.append(f"! {c.name}: {v}")
+    return "\n".join(lines)

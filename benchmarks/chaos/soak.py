@@ -1,0 +1,259 @@
+"""One soak run: set up, start the sink and the fleet, enqueue while killing, settle, check.
+
+The run owns three schemas (``chaos_<pid>_<seed>`` and its ``_world``/``_watch``), dropped at the
+end unless ``keep``, and one Redis database (flushed before and after: the EMAIL kind's queue
+name is shared, so the soak must not share a Redis database with anything else).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import redis
+
+from benchmarks.chaos import checks, report, sink, tables, workload
+from benchmarks.chaos.app import SENDER
+from benchmarks.chaos.comments import COMMENT
+from benchmarks.chaos.fleet import Fleet
+from benchmarks.chaos.tables import Schemas
+from outbox import EMAIL, Outbox, erase_subject
+
+REPO = str(Path(__file__).resolve().parents[2])
+#: The soak's own Redis database (the tests use 15, the benchmarks 14).
+DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/11"
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
+#: Enqueue batches are this far apart; the actions are spread over ENQUEUE_SHARE of the run.
+BATCH_EVERY = 0.2
+ENQUEUE_SHARE = 0.75
+
+
+@dataclass(frozen=True)
+class Options:
+    actions: int = 2500
+    duration: float = 45.0
+    kill_interval: float = 3.0
+    seed: int = 1
+    erasures: int = 4
+    #: Short leases so that killed work is reclaimed within seconds; the margin bounds every
+    #: provider call (the lingers and the sink's late 250 stay well inside it).
+    lease: float = 6.0
+    write_margin: float = 2.0
+    #: How long the settle phase may wait for every action to end after the kills stop.
+    settle: float = 120.0
+    database_url: str = DEFAULT_DATABASE_URL
+    broker_url: str = DEFAULT_BROKER_URL
+    keep: bool = False
+
+
+@dataclass
+class Outcome:
+    checks: list[checks.Check]
+    table: str
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+
+def _env(o: Options, s: Schemas, smtp_port: int) -> dict[str, str]:
+    return {
+        "OUTBOX_DATABASE_URL": o.database_url,
+        "OUTBOX_SCHEMA": s.outbox,
+        "OUTBOX_BROKER_URL": o.broker_url,
+        "OUTBOX_SMTP_URL": f"smtp://127.0.0.1:{smtp_port}?timeout=5",
+        "OUTBOX_SMTP_SENDER": SENDER,
+        "OUTBOX_LEASE_SECONDS": str(o.lease),
+        "OUTBOX_WRITE_MARGIN_SECONDS": str(o.write_margin),
+        "OUTBOX_POLL_INTERVAL_SECONDS": "0.2",
+        "OUTBOX_HOUSEKEEPING_INTERVAL_SECONDS": "1",
+        "OUTBOX_RETRY_BASE_SECONDS": "0.3",
+        "OUTBOX_RETRY_CAP_SECONDS": "2",
+        "OUTBOX_IN_FLIGHT": "24",
+        "OUTBOX_POOL_SIZE": "4",
+        "CHAOS_WORLD_SCHEMA": s.world,
+        "CHAOS_WATCH_SCHEMA": s.watch,
+        "PYTHONPATH": REPO,
+    }
+
+
+class Soak:
+    def __init__(self, o: Options) -> None:
+        self.o = o
+        self.s = Schemas(f"chaos_{os.getpid()}_{o.seed}")
+        self.rng = random.Random(o.seed)
+        self.outbox = Outbox(o.database_url, schema=self.s.outbox)
+        self.outbox.declare(EMAIL, COMMENT)
+        self.expected_erased: dict[str, set[int]] = {}
+        self.by_account: dict[str, set[int]] = {}
+
+    def log(self, text: str) -> None:
+        print(f"[chaos {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+    def run(self) -> Outcome:
+        o, s = self.o, self.s
+        started = time.monotonic()
+        watch = psycopg.connect(o.database_url, autocommit=True)
+        writer = psycopg.connect(o.database_url)
+        broker = redis.Redis.from_url(o.broker_url)
+        sink_proc: subprocess.Popen[bytes] | None = None
+        fleet: Fleet | None = None
+        try:
+            tables.drop(watch, s)
+            self.outbox.migrate(watch)
+            tables.create(watch, s)
+            broker.flushdb()
+            mix = workload.plan(o.actions, o.seed)
+            armed = workload.inject_comment_faults(watch, s.world, mix)
+            sink_proc, port = self._start_sink()
+            fleet = Fleet(_env(o, s, port), REPO, watch, s.watch)
+            fleet.start()
+            self.log(
+                f"fleet up; {len(mix)} actions over {o.duration:.0f}s, a kill every "
+                f"~{o.kill_interval}s, schema {s.outbox}"
+            )
+            self._chaos(fleet, writer, watch, mix)
+            self._settle(fleet, watch)
+            fleet.stop()
+            left = watch.execute(
+                f'SELECT coalesce(sum(remaining), 0) FROM "{s.world}".comment_fault'
+            ).fetchone()
+            evidence = checks.Evidence.load(watch, s, self.expected_erased)
+            results, caused = checks.run_all(evidence)
+            rows = report.happenings(evidence, caused, armed, int(left[0]) if left else 0)
+            table = report.render(results, rows, time.monotonic() - started)
+            return Outcome(results, table)
+        finally:
+            if fleet is not None:
+                fleet.stop()
+            if sink_proc is not None:
+                sink_proc.kill()
+                sink_proc.wait(10)
+            broker.flushdb()
+            if not o.keep:
+                tables.drop(watch, s)
+            writer.close()
+            watch.close()
+
+    def _start_sink(self) -> tuple[subprocess.Popen[bytes], int]:
+        port = _free_port()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.chaos.sink",
+                self.o.database_url,
+                self.s.world,
+                str(port),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        if sink.READY not in line:
+            proc.kill()
+            raise RuntimeError(f"the SMTP sink did not start: {line!r}")
+        return proc, port
+
+    def _chaos(
+        self,
+        fleet: Fleet,
+        writer: psycopg.Connection[Any],
+        watch: psycopg.Connection[Any],
+        mix: list[workload.Planned],
+    ) -> None:
+        """Enqueues the mix in batches, erases a few accounts and kills a process every
+        ``kill_interval`` (jittered), until ``duration`` has passed."""
+        o, rng = self.o, self.rng
+        t0 = time.monotonic()
+        span = o.duration * ENQUEUE_SHARE
+        batches = max(1, int(span / BATCH_EVERY))
+        per_batch = -(-len(mix) // batches)
+        erase_at = sorted(rng.uniform(0.2, 0.9) * span for _ in range(o.erasures))
+        next_kill = t0 + o.kill_interval * rng.uniform(0.5, 1.5)
+        cursor = 0
+        while True:
+            now = time.monotonic()
+            if now - t0 >= o.duration and cursor >= len(mix):
+                break
+            due = min(len(mix), per_batch * (int((now - t0) / BATCH_EVERY) + 1))
+            if cursor < due:
+                self._enqueue(writer, watch, mix[cursor:due])
+                cursor = due
+            if erase_at and now - t0 >= erase_at[0]:
+                erase_at.pop(0)
+                self._erase(writer, watch)
+            if now >= next_kill and now - t0 < o.duration:
+                victim = fleet.kill_one(rng)
+                self.log(f"SIGKILL {victim.role} {victim.proc.pid}")
+                next_kill = now + o.kill_interval * rng.uniform(0.5, 1.5)
+            time.sleep(0.02)
+
+    def _enqueue(
+        self, writer: psycopg.Connection[Any], watch: psycopg.Connection[Any], batch: list[Any]
+    ) -> None:
+        for planned, action_id in workload.enqueue_batch(writer, self.outbox, self.s.watch, batch):
+            if planned.account is not None:
+                self.by_account.setdefault(planned.account, set()).add(action_id)
+
+    def _erase(self, writer: psycopg.Connection[Any], watch: psycopg.Connection[Any]) -> None:
+        """Erases one account that has actions and was not erased yet, preferring one with a
+        write in flight (the case where the erased action's lane must stay held until its lease
+        ends); records which actions it had to delete (all of its actions enqueued so far)."""
+        candidates = sorted(set(self.by_account) - set(self.expected_erased))
+        if not candidates:
+            return
+        writing = watch.execute(
+            f'SELECT DISTINCT subject_account_id FROM "{self.s.outbox}".agent_action'
+            " WHERE state = 'EXECUTING' AND write_started_at IS NOT NULL"
+            " AND subject_account_id = ANY(%s)",
+            (candidates,),
+        ).fetchall()
+        account = self.rng.choice(sorted(r[0] for r in writing) or candidates)
+        result = erase_subject(writer, account, schema=self.s.outbox)
+        writer.commit()
+        # Taken after the commit: a fence asked later than this must have been refused.
+        watch.execute(
+            f'INSERT INTO "{self.s.watch}".erasure (account, erased, in_flight, committed_at)'
+            " VALUES (%s, %s, %s, clock_timestamp())",
+            (account, result.erased, result.in_flight),
+        )
+        self.expected_erased[account] = set(self.by_account[account])
+        self.log(f"erased {account}: {result.erased} actions, {result.in_flight} executing")
+
+    def _settle(self, fleet: Fleet, watch: psycopg.Connection[Any]) -> None:
+        """Waits (bounded) until no action is waiting or executing."""
+        deadline = time.monotonic() + self.o.settle
+        while True:
+            row = watch.execute(
+                f'SELECT count(*) FROM "{self.s.outbox}".agent_action'
+                " WHERE state IN ('PROPOSED', 'ADMITTED', 'EXECUTING')"
+            ).fetchone()
+            live = row[0] if row else 0
+            if live == 0:
+                self.log("every action ended")
+                return
+            if time.monotonic() > deadline:
+                self.log(f"{live} actions still live after {self.o.settle:.0f}s\n{fleet.logs()}")
+                return
+            time.sleep(0.5)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run(options: Options) -> Outcome:
+    return Soak(options).run()

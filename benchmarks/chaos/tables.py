@@ -1,0 +1,108 @@
+"""The soak's own tables, in two schemas beside the outbox's.
+
+``<run>_world`` is the outside world: the comment store (the read-back provider) and what the
+SMTP sink accepted. ``<run>_watch`` is what the harness observes: each attempt as the adapters saw
+it, each process end (SIGKILL or clean stop), each erasure. Every row there is written in its own
+short autocommit transaction, never inside an action's, so a kill loses at most the row that was
+being written, and what is committed stays true.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+DDL = """
+CREATE SCHEMA IF NOT EXISTS {world};
+CREATE SCHEMA IF NOT EXISTS {watch};
+
+-- The comment store: searchable by marker. No unique constraint on marker, on purpose: a
+-- duplicate post must be visible to the checks, not refused by the store.
+CREATE TABLE IF NOT EXISTS {world}.comment (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    marker text NOT NULL,
+    body text NOT NULL,
+    posted_at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE INDEX IF NOT EXISTS ix_comment_marker ON {world}.comment (marker);
+-- Injected provider errors: the next `remaining` posts of a marker are refused, atomically
+-- with the refusal (so a refused post provably wrote nothing).
+CREATE TABLE IF NOT EXISTS {world}.comment_fault (
+    marker text PRIMARY KEY,
+    remaining integer NOT NULL);
+-- Every message the SMTP sink accepted (replied, or was about to reply, 250 to).
+CREATE TABLE IF NOT EXISTS {world}.smtp_accepted (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    message_id text NOT NULL,
+    recipient text NOT NULL,
+    accepted_at timestamptz NOT NULL DEFAULT clock_timestamp());
+
+-- One row per adapter call: inserted when it starts, updated around the fence and at its end.
+CREATE TABLE IF NOT EXISTS {watch}.attempt (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    action_id bigint NOT NULL,
+    epoch bigint NOT NULL,
+    attempt integer NOT NULL,
+    kind text NOT NULL,
+    lane text NOT NULL,
+    pgid integer NOT NULL,          -- the process group the harness kills (claimer/worker)
+    pid integer NOT NULL,
+    write_started boolean NOT NULL, -- what the adapter saw: an earlier attempt passed its fence
+    started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    fence_asked_at timestamptz,     -- committed before begin_write() was called
+    fence_passed boolean,           -- its answer (NULL: killed before it was recorded)
+    stopped_at timestamptz,
+    result text);
+CREATE INDEX IF NOT EXISTS ix_attempt_action ON {watch}.attempt (action_id, epoch);
+-- Every claimer or worker process that ended: SIGKILL by the harness, or a clean stop at the
+-- end. `before`/`after` bracket the signal by the database clock.
+CREATE TABLE IF NOT EXISTS {watch}.process_end (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    pgid integer NOT NULL,
+    role text NOT NULL,
+    how text NOT NULL,
+    before timestamptz NOT NULL,
+    after timestamptz NOT NULL);
+CREATE TABLE IF NOT EXISTS {watch}.erasure (
+    account text PRIMARY KEY,
+    erased integer NOT NULL,
+    in_flight integer NOT NULL,
+    committed_at timestamptz NOT NULL);
+-- Every action the harness enqueued (and committed), with what the workload meant it to do.
+CREATE TABLE IF NOT EXISTS {watch}.enqueued (
+    action_id bigint PRIMARY KEY,
+    kind text NOT NULL,
+    marker text NOT NULL,
+    lane text NOT NULL,
+    account text,
+    expires boolean NOT NULL,
+    message_id text);
+"""
+
+
+@dataclass(frozen=True)
+class Schemas:
+    """The three schemas of one run: the outbox's, the world's and the watch's."""
+
+    outbox: str
+
+    @property
+    def world(self) -> str:
+        return f"{self.outbox}_world"
+
+    @property
+    def watch(self) -> str:
+        return f"{self.outbox}_watch"
+
+    def all(self) -> tuple[str, str, str]:
+        return (self.outbox, self.world, self.watch)
+
+
+def create(conn: psycopg.Connection[Any], schemas: Schemas) -> None:
+    conn.execute(DDL.format(world=f'"{schemas.world}"', watch=f'"{schemas.watch}"'))
+
+
+def drop(conn: psycopg.Connection[Any], schemas: Schemas) -> None:
+    for name in schemas.all():
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
