@@ -57,6 +57,8 @@ class Options:
 @dataclass
 class Outcome:
     checks: list[checks.Check]
+    #: What happened (kills, retries, erasures...), as in the table.
+    happened: dict[str, Any]
     table: str
 
     @property
@@ -130,7 +132,7 @@ class Soak:
             results, caused = checks.run_all(evidence)
             rows = report.happenings(evidence, caused, armed, int(left[0]) if left else 0)
             table = report.render(results, rows, time.monotonic() - started)
-            return Outcome(results, table)
+            return Outcome(results, dict(rows), table)
         finally:
             if fleet is not None:
                 fleet.stop()

@@ -1,0 +1,229 @@
+"""The chaos soak, short version (``benchmarks.chaos``), and proof that its checks catch what
+they claim to.
+
+The soak runs real claimer and dramatiq worker processes, a real SMTP sink process and a comment
+store, SIGKILLs one process every few seconds, and checks every guarantee from PostgreSQL. The
+check tests below feed each check a violation it must report, so a soak that passes says
+something.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from benchmarks.chaos import checks
+from benchmarks.chaos.checks import Evidence
+from benchmarks.chaos.soak import Options, run
+
+#: The soak's Redis database in the test suite (the soak flushes it; a manual run uses 11).
+BROKER_URL = "redis://127.0.0.1:6379/12"
+
+
+@pytest.mark.slow
+def test_short_soak_under_random_sigkills_keeps_every_guarantee(database_url: str) -> None:
+    outcome = run(
+        Options(
+            actions=2500,
+            duration=40.0,
+            kill_interval=3.0,
+            seed=3,
+            erasures=4,
+            database_url=database_url,
+            broker_url=BROKER_URL,
+        )
+    )
+    print("\n" + outcome.table)
+    failed = [c for c in outcome.checks if not c.ok]
+    assert not failed, outcome.table
+    assert len(outcome.checks) == 9
+    assert all(c.examined > 0 for c in outcome.checks), outcome.table
+    # The soak exercised what it claims to: kills of both roles, kills after a fence, retries
+    # from both injected provider faults, erasures, expiries.
+    happened = outcome.happened
+    claimer_kills, worker_kills = map(int, happened["SIGKILLs (claimer / worker)"].split(" / "))
+    assert claimer_kills + worker_kills >= 8 and worker_kills >= 2
+    assert happened["  of them after the fence"] >= 1
+    assert happened["email attempts retried (SMTP 4xx)"] > 0
+    assert int(happened["comment store errors injected / met"].split(" / ")[1]) > 0
+    assert int(happened["accounts erased / actions erased"].split(" / ")[1]) > 0
+    assert happened["actions enqueued"] == 2500 and happened["lanes"] >= 300
+
+
+# -- the checks catch violations -------------------------------------------------------------
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+_ids = itertools.count(1)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def enq(action_id: int, kind: str = "comment", lane: str = "l1", account: str | None = None):
+    return {
+        "action_id": action_id,
+        "kind": kind,
+        "marker": f"m{action_id}",
+        "lane": lane,
+        "account": account,
+        "expires": False,
+        "message_id": f"<{action_id}@x>" if kind == "email" else None,
+    }
+
+
+def action(action_id: int, state: str = "DONE", **extra: Any) -> dict[str, Any]:
+    row = {
+        "id": action_id,
+        "kind": "CHAOS_COMMENT",
+        "state": state,
+        "stop_reason": state,
+        "epoch": 1,
+        "attempt": 1,
+        "lane_key": "l1",
+        "write_started_at": None,
+        "lease_until": at(100),
+    }
+    return {**row, **extra}
+
+
+def attempt(action_id: int, start: float, stop: float | None, **extra: Any) -> dict[str, Any]:
+    row = {
+        "id": next(_ids),
+        "action_id": action_id,
+        "epoch": 1,
+        "attempt": 1,
+        "kind": "CHAOS_COMMENT",
+        "lane": "l1",
+        "pgid": 100,
+        "pid": 101,
+        "write_started": False,
+        "started_at": at(start),
+        "fence_asked_at": at(start),
+        "fence_passed": True,
+        "stopped_at": at(stop) if stop is not None else None,
+        "result": "Done" if stop is not None else None,
+    }
+    return {**row, **extra}
+
+
+def evidence(**fields: Any) -> Evidence:
+    base: dict[str, Any] = {
+        "enqueued": {1: enq(1), 2: enq(2)},
+        "actions": {1: action(1), 2: action(2)},
+        "attempts": [attempt(1, 0, 1), attempt(2, 2, 3)],
+        "ends": [],
+        "erasures": [],
+        "comments": Counter({"m1": 1, "m2": 1}),
+        "accepted": Counter(),
+        "expected_erased": {},
+    }
+    return Evidence(**{**base, **fields})
+
+
+def test_a_clean_history_passes_every_check() -> None:
+    results, _ = checks.run_all(evidence())
+    assert all(c.ok for c in results), [c.violations for c in results]
+
+
+def test_read_back_check_catches_a_duplicate_and_a_missing_comment() -> None:
+    assert not checks.comments_once(evidence(comments=Counter({"m1": 2, "m2": 1}))).ok
+    assert not checks.comments_once(evidence(comments=Counter({"m1": 1}))).ok
+
+
+def test_email_checks_catch_a_message_id_accepted_twice_and_a_stray_one() -> None:
+    ev = evidence(
+        enqueued={1: enq(1, "email"), 2: enq(2)},
+        accepted=Counter({"<1@x>": 2}),
+    )
+    assert not checks.no_message_id_twice(ev).ok
+    assert not checks.emails_once(ev).ok
+    assert not checks.no_message_id_twice(evidence(accepted=Counter({"<9@x>": 1}))).ok
+
+
+def test_an_uncertain_email_may_have_been_sent_once_but_a_failed_one_never() -> None:
+    enqueued = {1: enq(1, "email"), 2: enq(2)}
+    sent = Counter({"<1@x>": 1})
+    uncertain = evidence(enqueued=enqueued, actions={1: action(1, "UNCERTAIN"), 2: action(2)})
+    uncertain.accepted = sent
+    assert checks.emails_once(uncertain).ok
+    failed = evidence(enqueued=enqueued, actions={1: action(1, "FAILED"), 2: action(2)})
+    failed.accepted = sent
+    assert not checks.emails_once(failed).ok
+
+
+def test_lane_check_catches_overlap_and_ends_a_killed_attempt_at_its_kill() -> None:
+    overlap = evidence(attempts=[attempt(1, 0, 5), attempt(2, 2, 3)])
+    assert not checks.no_lane_overlap(overlap).ok
+    kill = {
+        "id": 1,
+        "pgid": 100,
+        "role": "worker",
+        "how": "SIGKILL",
+        "before": at(1),
+        "after": at(1.5),
+    }
+    killed = evidence(attempts=[attempt(1, 0, None), attempt(2, 2, 3, pgid=200)], ends=[kill])
+    assert checks.no_lane_overlap(killed).ok
+    never_ended = evidence(attempts=[attempt(1, 0, None), attempt(2, 2, 3, pgid=200)])
+    assert not checks.no_lane_overlap(never_ended).ok
+    # An attempt whose fence refused called no provider: it does not hold the lane.
+    refused = evidence(attempts=[attempt(1, 0, 5, fence_passed=False), attempt(2, 2, 3)])
+    assert checks.no_lane_overlap(refused).ok
+
+
+def test_lane_order_check_catches_a_later_action_running_first() -> None:
+    assert not checks.lanes_in_id_order(evidence(attempts=[attempt(2, 0, 1), attempt(1, 2, 3)])).ok
+
+
+def test_uncertain_check_names_the_kill_after_the_fence_and_rejects_any_other() -> None:
+    actions = {1: action(1, "UNCERTAIN", write_started_at=at(0.5)), 2: action(2)}
+    attempts = [attempt(1, 0, None), attempt(2, 8, 9, pgid=200)]
+    kill = {
+        "id": 7,
+        "pgid": 100,
+        "role": "worker",
+        "how": "SIGKILL",
+        "before": at(1),
+        "after": at(1.1),
+    }
+    check, caused = checks.uncertain_explained(
+        evidence(actions=actions, attempts=attempts, ends=[kill])
+    )
+    assert check.ok and caused == {1: 7}
+    early = {**kill, "before": at(0.1), "after": at(0.2)}  # before the fence: not the cause
+    assert not checks.uncertain_explained(
+        evidence(actions=actions, attempts=attempts, ends=[early])
+    )[0].ok
+    stopped = {**kill, "how": "SIGTERM"}
+    assert not checks.uncertain_explained(
+        evidence(actions=actions, attempts=attempts, ends=[stopped])
+    )[0].ok
+
+
+def test_erasure_checks_catch_a_lost_action_and_a_write_after_erasure() -> None:
+    erasure = {"account": "a", "erased": 1, "in_flight": 0, "committed_at": at(1)}
+    lost = evidence(actions={2: action(2)}, erasures=[], expected_erased={})
+    assert not checks.nothing_lost(lost).ok
+    assert not checks.every_action_ended(lost).ok
+    erased = evidence(
+        enqueued={1: enq(1, account="a"), 2: enq(2)},
+        actions={2: action(2)},
+        erasures=[erasure],
+        expected_erased={"a": {1}},
+        attempts=[attempt(1, 2, 2.5), attempt(2, 3, 4)],
+    )
+    assert checks.nothing_lost(erased).ok
+    assert not checks.no_write_after_erasure(erased).ok
+    erased.attempts = [attempt(1, 0.5, 2.5), attempt(2, 3, 4)]
+    assert checks.no_write_after_erasure(erased).ok
+
+
+def test_every_action_ended_catches_an_action_left_waiting() -> None:
+    assert not checks.every_action_ended(
+        evidence(actions={1: action(1), 2: action(2, "ADMITTED")})
+    ).ok
