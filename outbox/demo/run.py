@@ -325,8 +325,16 @@ def render(result: DemoResult) -> str:
         "  UNCERTAIN the relay got the message but its reply timed out: never sent again",
         "",
         "Where to look next:",
-        "  outbox status --schema outbox_demo      (with OUTBOX_DATABASE_URL set)",
-        "  outbox dashboard                         a web page of the same",
+    ]
+    if result.where.get("database", "").startswith("embedded"):
+        lines += [
+            "  The embedded database is gone with the demo. To look around afterwards, run it",
+            "  on your PostgreSQL: OUTBOX_DATABASE_URL=postgresql://... outbox demo, then",
+        ]
+    lines += [
+        "  outbox status --schema outbox_demo      counts, backlog, latest UNCERTAIN/FAILED",
+        "  outbox inspect ID --schema outbox_demo  one action's fields and history",
+        "  outbox dashboard --schema outbox_demo   the same as a web page",
         "  README.md: 'Five minutes: add a kind and its adapter'",
     ]
     return "\n".join(lines)
