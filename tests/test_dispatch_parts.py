@@ -228,3 +228,57 @@ def test_worker_command_passes_processes_threads_queues_and_dramatiq_options_thr
         "outbox.email",
         "--verbose",
     ]
+
+
+def test_run_on_loop_returns_results_and_an_interrupt_cancels_the_attempt() -> None:
+    import ctypes
+    import logging
+    import threading
+
+    from dramatiq.asyncio import EventLoopThread
+    from dramatiq.middleware import TimeLimitExceeded
+
+    from outbox.dispatch.runtime import run_on_loop
+
+    loop_thread = EventLoopThread(logging.getLogger("test"))
+    loop_thread.start(timeout=10)
+    try:
+
+        async def answer() -> int:
+            return 42
+
+        async def boom() -> None:
+            raise ValueError("adapter")
+
+        assert run_on_loop(loop_thread.loop, answer) == 42
+        with pytest.raises(ValueError, match="adapter"):
+            run_on_loop(loop_thread.loop, boom)
+
+        seen: list[str] = []
+        began = threading.Event()
+
+        async def long() -> None:
+            began.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+
+        def worker() -> None:
+            try:
+                run_on_loop(loop_thread.loop, long)
+            except TimeLimitExceeded:
+                seen.append("interrupted")
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        assert began.wait(10)
+        # What Dramatiq's TimeLimit middleware does to a worker thread.
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread.ident), ctypes.py_object(TimeLimitExceeded)
+        )
+        thread.join(10)
+        assert seen == ["cancelled", "interrupted"]
+    finally:
+        loop_thread.stop()
