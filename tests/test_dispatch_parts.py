@@ -274,6 +274,7 @@ def test_run_on_loop_returns_results_and_an_interrupt_cancels_the_attempt() -> N
         thread = threading.Thread(target=worker)
         thread.start()
         assert began.wait(10)
+        time.sleep(0.2)  # the thread waits for its attempt
         # What Dramatiq's TimeLimit middleware does to a worker thread.
         ctypes.pythonapi.PyThreadState_SetAsyncExc(
             ctypes.c_ulong(thread.ident), ctypes.py_object(TimeLimitExceeded)

@@ -134,14 +134,20 @@ def run_on_loop(loop: asyncio.AbstractEventLoop, make: Callable[[], Coroutine[An
         task.add_done_callback(lambda _: finished.release())
         started.append(task)
 
-    loop.call_soon_threadsafe(begin)
+    def cancel() -> None:
+        # Loop callbacks run in order, so begin() ran already if it was scheduled at all.
+        if started:
+            started[0].cancel()
+        else:
+            finished.release()
+
     try:
+        loop.call_soon_threadsafe(begin)
         # A timeout, so an Interrupt raised in this thread is seen while it waits.
         while not finished.acquire(timeout=INTERRUPT_CHECK):
             pass
     except Interrupt:
-        # Callbacks run in order: begin() has run, so the task exists.
-        loop.call_soon_threadsafe(lambda: started[0].cancel())
+        loop.call_soon_threadsafe(cancel)
         if not finished.acquire(timeout=START_TIMEOUT):
             log.error("a cancelled attempt did not end within %ss", START_TIMEOUT)
         raise
