@@ -283,3 +283,29 @@ def test_run_on_loop_returns_results_and_an_interrupt_cancels_the_attempt() -> N
         assert seen == ["cancelled", "interrupted"]
     finally:
         loop_thread.stop()
+
+
+def test_push_many_goes_through_enqueue_and_its_middleware_on_redis_and_elsewhere(
+    make_outbox: Any, schema: str, redis_url: str, clean_redis: None
+) -> None:
+    from dramatiq.brokers.stub import StubBroker
+
+    outbox, kind = _outbox(make_outbox, schema)
+    seen: list[tuple[int, int]] = []
+
+    class See(Middleware):
+        def before_enqueue(self, broker: Any, message: Any, delay: Any) -> None:
+            seen.append(tuple(message.args))
+
+    redis_broker = broker_from_url(redis_url, middleware=[See()])
+    dispatch = install(outbox, redis_broker)
+    dispatch.push_many([(1, 1, kind), (2, 1, kind), (3, 2, kind)])
+    client = redis.Redis.from_url(redis_url)
+    assert client.llen(f"dramatiq:{dispatch.actors[kind].queue_name}") == 3
+    assert seen == [(1, 1), (2, 1), (3, 2)]
+
+    other, other_kind = _outbox(make_outbox, schema + "_stub")
+    stub = StubBroker(middleware=[See()])
+    install(other, stub).push_many([(4, 1, other_kind)])
+    assert stub.queues[install(other).actors[other_kind].queue_name].qsize() == 1
+    assert seen[-1] == (4, 1)
