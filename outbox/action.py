@@ -36,9 +36,13 @@ class Action:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Action:
-        values = {f.name: row[f.name] for f in fields(cls) if f.name in row}
+        values = {name: row[name] for name in _FIELD_NAMES if name in row}
         values["state"] = ActionState(values["state"])
         return cls(**values)
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+#: Computed once: ``fields()`` per row showed up in the worker's profile (one row an attempt).
+_FIELD_NAMES = tuple(f.name for f in fields(Action))

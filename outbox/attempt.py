@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,8 @@ class Fence:
         ok = await attempt._store.begin_write(attempt.id, attempt.epoch, attempt._margin)
         if ok:
             attempt.fence_passed = True
+            if attempt.on_fence_passed is not None:
+                attempt.on_fence_passed()
         else:
             attempt.fence_refused = True
         return ok
@@ -47,6 +50,8 @@ class ActionAttempt:
         self.deadline = deadline
         self.fence_passed = False
         self.fence_refused = False
+        #: Called once the fence passed (the executor moves its timeout to the lease's end).
+        self.on_fence_passed: Callable[[], None] | None = None
         self._fence = Fence(self)
 
     @property

@@ -84,7 +84,9 @@ class GroupWriter(Generic[P, R]):
             task = asyncio.ensure_future(self._flush())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        return await asyncio.shield(waiting.future)
+        # Awaited directly, not shielded: a cancelled caller's future is cancelled alone, and
+        # the batch skips it (``future.done()``), so the others are never stranded.
+        return await waiting.future
 
     async def _flush(self) -> None:
         try:

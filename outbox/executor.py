@@ -103,47 +103,58 @@ class ActionExecutor:
                 f"refusing to run the {attempt.kind} adapter while holding a database connection"
             )
         margin = self.settings.write_margin.total_seconds()
-        task = asyncio.ensure_future(adapter.execute(attempt))
+        # The adapter runs in this task under a timeout, not in a task and a wait of its own (a
+        # few futures and callbacks an attempt on the worker's loop). Until the fence passes,
+        # the attempt is useful only while the fence could pass; passing it moves the timeout
+        # to the lease's end.
+        to_loop = asyncio.get_running_loop().time() - time.monotonic()
+        scope = asyncio.timeout_at(attempt.deadline - margin + to_loop)
+
+        def fence_passed() -> None:
+            if not scope.expired():
+                scope.reschedule(attempt.deadline + to_loop)
+
+        attempt.on_fence_passed = fence_passed
         try:
-            # Until the fence passes, the attempt is useful only while the fence could pass.
-            done, _ = await asyncio.wait(
-                {task}, timeout=max(0.0, attempt.deadline - margin - time.monotonic())
-            )
-            if not done and attempt.fence_passed:
-                done, _ = await asyncio.wait(
-                    {task}, timeout=max(0.0, attempt.deadline - time.monotonic())
-                )
-            if not done:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                if attempt.fence_passed:
-                    return Uncertain(StopReason.LEASE_EXPIRED_DURING_WRITE)
-                return Retry(reason="LEASE_RAN_OUT_BEFORE_WRITE")
-            result = task.result()
-            if not isinstance(result, RESULT_TYPES):
-                raise TypeError(f"adapter returned {result!r}, not an outbox result")
-            return result
+            async with scope:
+                result = await adapter.execute(attempt)
+        except TimeoutError as error:
+            if not scope.expired():  # the adapter's own, not the lease's
+                return self._error_result(attempt, error)
         except asyncio.CancelledError:
-            task.cancel()
             raise
         except Exception as error:
+            return self._error_result(attempt, error)
+        if scope.expired():
+            # Also when the adapter swallowed the cancellation and returned: it ran out of time.
             if attempt.fence_passed:
-                log.warning(
-                    "adapter of kind %s raised after its fence on action %s: %s",
-                    attempt.kind,
-                    attempt.id,
-                    type(error).__name__,
-                    extra=_error_fields("adapter_error_after_fence", attempt, error),
-                )
-                return Uncertain(StopReason.ADAPTER_ERROR_AFTER_WRITE)
-            log.info(
-                "adapter of kind %s raised before its fence on action %s: %s (retry)",
+                return Uncertain(StopReason.LEASE_EXPIRED_DURING_WRITE)
+            return Retry(reason="LEASE_RAN_OUT_BEFORE_WRITE")
+        if not isinstance(result, RESULT_TYPES):
+            return self._error_result(
+                attempt, TypeError(f"adapter returned {result!r}, not an outbox result")
+            )
+        return result
+
+    def _error_result(self, attempt: ActionAttempt, error: Exception) -> Result:
+        """An adapter's exception: Uncertain after its fence, Retry before it."""
+        if attempt.fence_passed:
+            log.warning(
+                "adapter of kind %s raised after its fence on action %s: %s",
                 attempt.kind,
                 attempt.id,
                 type(error).__name__,
-                extra=_error_fields("adapter_error_before_fence", attempt, error),
+                extra=_error_fields("adapter_error_after_fence", attempt, error),
             )
-            return Retry(reason=f"ERROR:{type(error).__name__}")
+            return Uncertain(StopReason.ADAPTER_ERROR_AFTER_WRITE)
+        log.info(
+            "adapter of kind %s raised before its fence on action %s: %s (retry)",
+            attempt.kind,
+            attempt.id,
+            type(error).__name__,
+            extra=_error_fields("adapter_error_before_fence", attempt, error),
+        )
+        return Retry(reason=f"ERROR:{type(error).__name__}")
 
     async def _finish(
         self,

@@ -17,6 +17,7 @@ import logging
 import os
 import tempfile
 import time
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from dramatiq.middleware import Middleware
@@ -42,12 +43,27 @@ ENDED = Counter(
 )
 
 
+# Label children by their values: ``.labels()`` validates and locks on every call, and each
+# attempt counts once or twice. A handful of kinds x results x states keeps these small.
+_attempt_children: dict[tuple[str, str, bool], Any] = {}
+_ended_children: dict[tuple[str, str, str], Any] = {}
+
+
 def record_attempt(kind: str, result: str, recorded: bool) -> None:
-    ATTEMPTS.labels(kind=kind, result=result, recorded=str(recorded).lower()).inc()
+    key = (kind, result, recorded)
+    child = _attempt_children.get(key)
+    if child is None:
+        child = ATTEMPTS.labels(kind=kind, result=result, recorded=str(recorded).lower())
+        _attempt_children[key] = child
+    child.inc()
 
 
 def record_ended(kind: str, state: str, reason: str) -> None:
-    ENDED.labels(kind=kind, state=state, reason=reason).inc()
+    key = (kind, state, reason)
+    child = _ended_children.get(key)
+    if child is None:
+        child = _ended_children[key] = ENDED.labels(kind=kind, state=state, reason=reason)
+    child.inc()
 
 
 # Gauges read the database, not this process: in multiprocess mode the most recent value of a

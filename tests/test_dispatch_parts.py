@@ -228,3 +228,84 @@ def test_worker_command_passes_processes_threads_queues_and_dramatiq_options_thr
         "outbox.email",
         "--verbose",
     ]
+
+
+def test_run_on_loop_returns_results_and_an_interrupt_cancels_the_attempt() -> None:
+    import ctypes
+    import logging
+    import threading
+
+    from dramatiq.asyncio import EventLoopThread
+    from dramatiq.middleware import TimeLimitExceeded
+
+    from outbox.dispatch.runtime import run_on_loop
+
+    loop_thread = EventLoopThread(logging.getLogger("test"))
+    loop_thread.start(timeout=10)
+    try:
+
+        async def answer() -> int:
+            return 42
+
+        async def boom() -> None:
+            raise ValueError("adapter")
+
+        assert run_on_loop(loop_thread.loop, answer) == 42
+        with pytest.raises(ValueError, match="adapter"):
+            run_on_loop(loop_thread.loop, boom)
+
+        seen: list[str] = []
+        began = threading.Event()
+
+        async def long() -> None:
+            began.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+
+        def worker() -> None:
+            try:
+                run_on_loop(loop_thread.loop, long)
+            except TimeLimitExceeded:
+                seen.append("interrupted")
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        assert began.wait(10)
+        time.sleep(0.2)  # the thread waits for its attempt
+        # What Dramatiq's TimeLimit middleware does to a worker thread.
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread.ident), ctypes.py_object(TimeLimitExceeded)
+        )
+        thread.join(10)
+        assert seen == ["cancelled", "interrupted"]
+    finally:
+        loop_thread.stop()
+
+
+def test_push_many_goes_through_enqueue_and_its_middleware_on_redis_and_elsewhere(
+    make_outbox: Any, schema: str, redis_url: str, clean_redis: None
+) -> None:
+    from dramatiq.brokers.stub import StubBroker
+
+    outbox, kind = _outbox(make_outbox, schema)
+    seen: list[tuple[int, int]] = []
+
+    class See(Middleware):
+        def before_enqueue(self, broker: Any, message: Any, delay: Any) -> None:
+            seen.append(tuple(message.args))
+
+    redis_broker = broker_from_url(redis_url, middleware=[See()])
+    dispatch = install(outbox, redis_broker)
+    dispatch.push_many([(1, 1, kind), (2, 1, kind), (3, 2, kind)])
+    client = redis.Redis.from_url(redis_url)
+    assert client.llen(f"dramatiq:{dispatch.actors[kind].queue_name}") == 3
+    assert seen == [(1, 1), (2, 1), (3, 2)]
+
+    other, other_kind = _outbox(make_outbox, schema + "_stub")
+    stub = StubBroker(middleware=[See()])
+    install(other, stub).push_many([(4, 1, other_kind)])
+    assert stub.queues[install(other).actors[other_kind].queue_name].qsize() == 1
+    assert seen[-1] == (4, 1)

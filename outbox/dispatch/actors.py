@@ -8,6 +8,7 @@ can be scaled by a worker pool of its own.
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import dramatiq
 from dramatiq import Actor, Broker
+from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 
 from outbox.dispatch.broker import default_broker
@@ -44,6 +46,47 @@ class Dispatch:
     def push(self, action_id: int, epoch: int, kind: str) -> None:
         """Puts one ``(action_id, epoch)`` message on the kind's queue."""
         self.broker.enqueue(self.actors[kind].message(action_id, epoch))
+
+    def push_many(self, items: list[tuple[int, int, str]]) -> None:
+        """Puts ``(action_id, epoch, kind)`` messages on their queues: on Redis, in one pipelined
+        round trip (a claim batch's pushes were most of the claimer's CPU); else one at a time.
+
+        Each message still goes through the broker's ``enqueue`` and its middleware. Raises if
+        the round trip failed, and then none, some or all of the messages may have been queued:
+        the caller leaves them to their leases, as for a failed single push.
+        """
+        pipelined = _pipelined_redis(self.broker)
+        if pipelined is None:
+            for action_id, epoch, kind in items:
+                self.push(action_id, epoch, kind)
+            return
+        broker, pipe = pipelined
+        with pipe:
+            for action_id, epoch, kind in items:
+                broker.enqueue(self.actors[kind].message(action_id, epoch))
+            pipe.execute()
+
+
+def _pipelined_redis(broker: Broker) -> tuple[Broker, Any] | None:
+    """A view of a ``RedisBroker`` whose enqueues go into a fresh Redis pipeline, or None.
+
+    Relies on ``RedisBroker``'s internals (its ``dispatch`` script and ``_dispatch``, as of
+    Dramatiq 2.x); any other broker, or a version without them, gets None and single pushes.
+    """
+    if not isinstance(broker, RedisBroker):
+        return None
+    try:
+        script = broker.scripts["dispatch"]
+        pipe = broker.client.pipeline(transaction=False)
+        view = copy.copy(broker)
+        view.scripts = {
+            **broker.scripts,
+            "dispatch": lambda keys, args: script(keys=keys, args=args, client=pipe),
+        }
+        view.do_enqueue = view._dispatch("enqueue")
+    except (AttributeError, KeyError, TypeError):
+        return None
+    return view, pipe
 
 
 class OutboxRuntimeMiddleware(Middleware):

@@ -111,6 +111,13 @@ class Claimer:
 
         A failed push is logged and left to the lease: the action is reclaimed when it runs out.
         """
+        try:
+            self.dispatch.push_many([(c.action.id, c.action.epoch, c.action.kind) for c in claimed])
+            return len(claimed)
+        except Exception:
+            # Some may have gone: pushed again one by one (a twin delivery of an epoch is
+            # dropped by the worker's take), and what still fails is left to its lease.
+            log.warning("pipelined push of %s messages failed; pushing one by one", len(claimed))
         pushed = 0
         for item in claimed:
             action = item.action

@@ -177,7 +177,8 @@ RETURNING id
 -- epoch and once-per-epoch check.
 UPDATE {schema}.agent_action a SET taken_epoch = a.epoch
   FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
- WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+ WHERE a.id = ANY(%(ids)s::bigint[])  -- primary-key probes, never a scan of EXECUTING rows
+   AND a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
    AND a.taken_epoch IS DISTINCT FROM a.epoch
 RETURNING a.*, a.lease_until - now() AS lease_left
 
@@ -186,7 +187,8 @@ RETURNING a.*, a.lease_until - now() AS lease_left
 UPDATE {schema}.agent_action a SET write_started_at = now()
   FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(margins)s::interval[])
        AS m(id, epoch, margin)
- WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+ WHERE a.id = ANY(%(ids)s::bigint[])  -- primary-key probes, never a scan of EXECUTING rows
+   AND a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
    AND a.lease_until - now() >= m.margin
 RETURNING a.id, a.epoch
 
@@ -197,7 +199,8 @@ UPDATE {schema}.agent_action a
        payload = NULL, ended_at = now()
   FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(states)s::text[], %(reasons)s::text[],
               %(refs)s::text[]) AS m(id, epoch, state, reason, ref)
- WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+ WHERE a.id = ANY(%(ids)s::bigint[])  -- primary-key probes, never a scan of EXECUTING rows
+   AND a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
 RETURNING a.id, a.epoch
 
 -- name: finish_retry
