@@ -106,6 +106,20 @@ def migrated_outbox(schema: str, database_url: str = DATABASE_URL, **overrides: 
     return outbox
 
 
+def noop_request(key: str, lane: str | None = None, i: int = 0) -> Any:
+    """An ``ActionRequest`` of the no-op kind: idempotency key ``key``, its own lane unless
+    ``lane`` is given."""
+    from outbox import ActionRequest
+
+    return ActionRequest(
+        kind=NOOP.name,
+        workspace_id="w",
+        lane_key=lane or key,
+        idempotency_key=key,
+        payload={"i": i},
+    )
+
+
 def bulk_enqueue(
     schema: str, n: int, *, lanes: int | None = None, database_url: str = DATABASE_URL
 ) -> None:
@@ -113,22 +127,12 @@ def bulk_enqueue(
 
     ``lanes`` spreads them over that many lanes (default: one lane each, as independent
     notifications would be)."""
-    from outbox import ActionRequest, enqueue
+    from outbox import enqueue
 
     with psycopg.connect(database_url) as conn:
         for i in range(n):
             lane = i if lanes is None else i % lanes
-            enqueue(
-                conn,
-                ActionRequest(
-                    kind=NOOP.name,
-                    workspace_id="w",
-                    lane_key=f"lane-{lane}",
-                    idempotency_key=f"noop-{i}",
-                    payload={"i": i},
-                ),
-                schema=schema,
-            )
+            enqueue(conn, noop_request(f"noop-{i}", f"lane-{lane}", i), schema=schema)
             if i % 1000 == 999:
                 conn.commit()
         conn.commit()

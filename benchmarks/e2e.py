@@ -16,17 +16,16 @@ import psycopg
 from benchmarks import dramatiq_raw
 from benchmarks.common import (
     DATABASE_URL,
-    NOOP,
     Result,
     Scale,
     bench_schema,
     migrated_outbox,
     ms,
+    noop_request,
     percentile,
 )
 from benchmarks.cpu import CpuMeter
 from benchmarks.rig import rig, wait_until
-from outbox import ActionRequest
 
 #: Actions per enqueueing transaction (an application's batch job, say).
 PER_TX = 100
@@ -53,13 +52,7 @@ def run(scale: Scale) -> list[Result]:
                 for i in range(n):
                     outbox.enqueue(
                         conn,
-                        ActionRequest(
-                            kind=NOOP.name,
-                            workspace_id="w",
-                            lane_key=f"lane-{i}",
-                            idempotency_key=f"e2e-{i}",
-                            payload={"i": i},
-                        ),
+                        noop_request(f"e2e-{i}", f"lane-{i}", i),
                     )
                     if i % PER_TX == PER_TX - 1 or i == n - 1:
                         before = time.perf_counter()

@@ -20,9 +20,9 @@ from benchmarks.common import (
     bench_schema,
     migrated_outbox,
     ms,
+    noop_request,
     percentile,
 )
-from outbox import ActionRequest
 
 PLAIN = """
 CREATE TABLE {s}.plain (
@@ -72,13 +72,7 @@ def run(scale: Scale) -> list[Result]:
             def outbox_write(conn: psycopg.Connection[Any], i: int, tag: str = tag) -> None:
                 outbox.enqueue(
                     conn,
-                    ActionRequest(
-                        kind=NOOP.name,
-                        workspace_id="w",
-                        lane_key=f"{tag}-{i}",
-                        idempotency_key=f"{tag}-{i}",
-                        payload={"i": i},
-                    ),
+                    noop_request(f"{tag}-{i}", i=i),
                 )
 
             def plain_write(conn: psycopg.Connection[Any], i: int, tag: str = tag) -> None:

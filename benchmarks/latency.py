@@ -14,17 +14,16 @@ import redis
 from benchmarks import apps, dramatiq_raw
 from benchmarks.common import (
     DATABASE_URL,
-    NOOP,
     REDIS_URL,
     Result,
     Scale,
     bench_schema,
     migrated_outbox,
     ms,
+    noop_request,
     percentile,
 )
 from benchmarks.rig import paced, rig, wait_until
-from outbox import ActionRequest
 
 
 def run(scale: Scale) -> list[Result]:
@@ -42,13 +41,7 @@ def run(scale: Scale) -> list[Result]:
             for i in paced(n, dramatiq_raw.PACE):
                 action = outbox.enqueue(
                     conn,
-                    ActionRequest(
-                        kind=NOOP.name,
-                        workspace_id="w",
-                        lane_key=f"lane-{i}",
-                        idempotency_key=f"latency-{i}",
-                        payload={"i": i},
-                    ),
+                    noop_request(f"latency-{i}", f"lane-{i}", i),
                 )
                 conn.commit()
                 committed[action.id] = time.time()

@@ -170,17 +170,9 @@ class Store:
     async def housekeep(self, limit: int = 1000) -> list[EndedByHousekeeping]:
         return await self.run(housekeeping_operation(self.schema, limit))
 
-    async def load_attempt(self, action_id: int, epoch: int) -> ClaimedAction | None:
-        def op() -> Operation[ClaimedAction | None]:
-            rows = yield Statement(
-                queries_for(self.schema)["load_attempt"], {"id": action_id, "epoch": epoch}
-            )
-            return _claimed(rows)[0] if rows else None
-
-        return await self.run(op())
-
     async def take_attempt(self, action_id: int, epoch: int) -> ClaimedAction | None:
-        """Like ``load_attempt``, and at most once per epoch: a second delivery of the same
+        """The executing action a message names, if its epoch still holds, at most once per
+        epoch: a second delivery of the same
         ``(action_id, epoch)`` message gets None (the Dramatiq actor drops it as Abandoned)."""
 
         return await self._take({"id": action_id, "epoch": epoch})

@@ -132,12 +132,6 @@ UPDATE {schema}.agent_action a
  WHERE a.id = gone.id
 RETURNING a.id, a.kind, a.state, a.stop_reason
 
--- name: load_attempt
--- The executing action a message names, if its epoch still holds.
-SELECT a.*, a.lease_until - now() AS lease_left
-  FROM {schema}.agent_action a
- WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
-
 -- name: take_attempt
 -- A worker takes the executing action a Dramatiq message names, once per epoch: nothing when the
 -- epoch moved, the action ended or was erased, or another delivery of this epoch took it first.
