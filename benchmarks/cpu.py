@@ -47,20 +47,50 @@ def tree_cpu_seconds(root: int) -> float | None:
     return total
 
 
+def named_cpu_seconds(command: str) -> float | None:
+    """CPU seconds of every live process whose command name starts with ``command`` (the
+    services: ``postgres``, ``redis-server``); a backend that exits in between is not seen."""
+    if not Path("/proc").is_dir():
+        return None
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if not (entry / "comm").read_text().startswith(command):
+                continue
+        except OSError:
+            continue
+        stat = _stat(int(entry.name))
+        if stat is not None:
+            total += stat[1]
+    return total
+
+
+#: The services every broker scenario shares the two cores with, by command name.
+SERVICES = {"postgres": "postgres", "redis": "redis-server"}
+
+
 class CpuMeter:
-    """CPU seconds of some process trees between ``start()`` and ``stop()``."""
+    """CPU seconds of some process trees, and of the local services, between ``start()`` and
+    ``stop()``."""
 
     def __init__(self, **roots: int) -> None:
         self.roots = roots
         self._start: dict[str, float | None] = {}
         self.used: dict[str, float | None] = {}
 
+    def _read(self) -> dict[str, float | None]:
+        seconds = {name: tree_cpu_seconds(pid) for name, pid in self.roots.items()}
+        seconds.update({name: named_cpu_seconds(cmd) for name, cmd in SERVICES.items()})
+        return seconds
+
     def start(self) -> None:
-        self._start = {name: tree_cpu_seconds(pid) for name, pid in self.roots.items()}
+        self._start = self._read()
 
     def stop(self) -> None:
-        for name, pid in self.roots.items():
-            now, then = tree_cpu_seconds(pid), self._start.get(name)
+        for name, now in self._read().items():
+            then = self._start.get(name)
             self.used[name] = None if now is None or then is None else now - then
 
     def per_action_ms(self, n: int) -> dict[str, float | None]:
