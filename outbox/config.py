@@ -37,6 +37,11 @@ class Settings:
     batch_size: int = 100
     #: Per kind (queue), most actions claimed and not yet finished: the worker pool's capacity.
     in_flight: int = 64
+    #: Most ``(action_id, epoch)`` pairs one Dramatiq message carries. A claim round's actions
+    #: of one kind share messages, which a worker runs concurrently on its event loop: Dramatiq's
+    #: own cost a message (consume, decode, ack) was most of a worker's CPU. 1 = one message
+    #: an action.
+    actions_per_message: int = 8
     #: Retry backoff: base * 2^(attempt-1), capped, with jitter, unless the adapter gives a wait.
     retry_base: timedelta = timedelta(seconds=5)
     retry_cap: timedelta = timedelta(hours=1)
@@ -57,7 +62,7 @@ class Settings:
             raise ConfigurationError(
                 f"write_margin ({self.write_margin}) must be shorter than the lease ({self.lease})"
             )
-        for name in ("batch_size", "in_flight", "pool_size"):
+        for name in ("batch_size", "in_flight", "actions_per_message", "pool_size"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name} must be >= 1")
 

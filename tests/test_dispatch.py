@@ -198,6 +198,43 @@ def test_same_message_delivered_twice_second_is_abandoned_and_effect_happens_onc
     assert worker.output().count(f"abandoned message for action {action_id} epoch {epoch}") == 2
 
 
+def test_one_message_of_several_pairs_runs_each_once_and_drops_its_twin_and_stale_pairs(
+    rig: DispatchRig,
+) -> None:
+    worker = rig.worker(threads=2)
+    first, stale, last = rig.enqueue(rig.rb, lanes=3, per_lane=1, payload={"sleep": 0.3})
+    outbox = rig.outbox()
+    dispatch = install(outbox, broker_from_url(rig.broker_url))
+
+    async def claim() -> dict[int, int]:
+        async with outbox.store() as store:
+            claimed = await store.claim({rig.rb: 3}, outbox.settings.lease)
+            return {c.action.id: c.action.epoch for c in claimed}
+
+    epochs = asyncio.run(claim())
+    pairs = [
+        (first, epochs[first]),
+        (first, epochs[first]),  # a twin inside the message
+        (stale, epochs[stale] - 1),  # an epoch that no longer holds
+        (last, epochs[last]),
+    ]
+    dispatch.broker.enqueue(dispatch.message(rig.rb, pairs))
+    rows = rig.wait_ended([first, last], timeout=20)
+
+    assert [r["state"] for r in rows] == ["DONE", "DONE"]
+    assert sorted(c["action_id"] for c in rig.calls()) == [first, last]
+    assert len(rig.effects()) == 2
+    deadline = time.monotonic() + 10
+    while worker.output().count("abandoned message for action") < 2:
+        assert time.monotonic() < deadline, worker.output()
+        time.sleep(0.05)
+    with psycopg.connect(rig.database_url) as conn:
+        state = conn.execute(
+            f'SELECT state FROM "{rig.schema}".agent_action WHERE id = %s', (stale,)
+        ).fetchone()
+    assert state == ("EXECUTING",), "the stale pair must leave its action to its lease"
+
+
 def test_two_claimers_two_workers_5000_actions_each_end_once_without_lane_overlap(
     rig: DispatchRig,
 ) -> None:

@@ -17,10 +17,12 @@ import redis
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
+from hypothesis import given
+from hypothesis import strategies as st
 
 from outbox import ActionKind, ActionRequest, ConfigurationError, Done, Outbox, Settings
 from outbox.dispatch import Claimer, broker_from_url, default_broker, install
-from outbox.dispatch.actors import actor_options
+from outbox.dispatch.actors import actor_options, even_chunks, pairs_of
 from outbox.dispatch.commands import worker_argv
 
 
@@ -146,24 +148,32 @@ async def test_a_message_is_taken_once_per_epoch_and_never_with_a_stale_epoch(
         assert await store.take_attempt(action_id, epoch) is None, "a second delivery ran"
 
 
+@pytest.mark.parametrize(("per_message", "messages"), [(1, 5), (2, 3), (8, 1)])
 async def test_claimer_pushes_only_after_its_claim_committed(
-    make_outbox: Any, schema: str, redis_url: str, database_url: str, clean_redis: None
+    make_outbox: Any,
+    schema: str,
+    redis_url: str,
+    database_url: str,
+    clean_redis: None,
+    per_message: int,
+    messages: int,
 ) -> None:
-    outbox, kind = _outbox(make_outbox, schema)
+    outbox, kind = _outbox(make_outbox, schema, actions_per_message=per_message)
     seen: list[tuple[int, str, int]] = []
 
     class SeeCommitted(Middleware):
-        """At push time, looks at the action from another connection."""
+        """At push time, looks at the message's actions from another connection."""
 
         def before_enqueue(self, broker: Any, message: Any, delay: Any) -> None:
-            action_id, epoch = message.args
-            with psycopg.connect(database_url) as conn:
-                row = conn.execute(
-                    f'SELECT state, epoch FROM "{schema}".agent_action WHERE id = %s',
-                    (action_id,),
-                ).fetchone()
-            assert row is not None
-            seen.append((action_id, row[0], row[1] - epoch))
+            first, first_epoch, *more = message.args
+            for action_id, epoch in pairs_of(first, first_epoch, more):
+                with psycopg.connect(database_url) as conn:
+                    row = conn.execute(
+                        f'SELECT state, epoch FROM "{schema}".agent_action WHERE id = %s',
+                        (action_id,),
+                    ).fetchone()
+                assert row is not None
+                seen.append((action_id, row[0], row[1] - epoch))
 
     broker = broker_from_url(redis_url, middleware=[SeeCommitted()])
     dispatch = install(outbox, broker)
@@ -173,7 +183,7 @@ async def test_claimer_pushes_only_after_its_claim_committed(
     assert result.pushed == 5
     assert sorted(seen) == [(i, "EXECUTING", 0) for i in ids]
     client = redis.Redis.from_url(redis_url)
-    assert client.hlen(f"dramatiq:{outbox.kinds[kind].queue_name}.msgs") == 5
+    assert client.hlen(f"dramatiq:{outbox.kinds[kind].queue_name}.msgs") == messages
 
 
 async def test_claimers_together_keep_the_in_flight_bound(
@@ -285,13 +295,22 @@ def test_run_on_loop_returns_results_and_an_interrupt_cancels_the_attempt() -> N
         loop_thread.stop()
 
 
+@pytest.mark.parametrize(
+    ("per_message", "expected"),
+    [(1, [(1, 1), (2, 1), (3, 2)]), (2, [(1, 1, 2, 1), (3, 2)]), (8, [(1, 1, 2, 1, 3, 2)])],
+)
 def test_push_many_goes_through_enqueue_and_its_middleware_on_redis_and_elsewhere(
-    make_outbox: Any, schema: str, redis_url: str, clean_redis: None
+    make_outbox: Any,
+    schema: str,
+    redis_url: str,
+    clean_redis: None,
+    per_message: int,
+    expected: list[tuple[int, ...]],
 ) -> None:
     from dramatiq.brokers.stub import StubBroker
 
-    outbox, kind = _outbox(make_outbox, schema)
-    seen: list[tuple[int, int]] = []
+    outbox, kind = _outbox(make_outbox, schema, actions_per_message=per_message)
+    seen: list[tuple[int, ...]] = []
 
     class See(Middleware):
         def before_enqueue(self, broker: Any, message: Any, delay: Any) -> None:
@@ -301,11 +320,31 @@ def test_push_many_goes_through_enqueue_and_its_middleware_on_redis_and_elsewher
     dispatch = install(outbox, redis_broker)
     dispatch.push_many([(1, 1, kind), (2, 1, kind), (3, 2, kind)])
     client = redis.Redis.from_url(redis_url)
-    assert client.llen(f"dramatiq:{dispatch.actors[kind].queue_name}") == 3
-    assert seen == [(1, 1), (2, 1), (3, 2)]
+    assert client.llen(f"dramatiq:{dispatch.actors[kind].queue_name}") == len(expected)
+    assert seen == expected
 
-    other, other_kind = _outbox(make_outbox, schema + "_stub")
+    other, other_kind = _outbox(make_outbox, schema + "_stub", actions_per_message=per_message)
     stub = StubBroker(middleware=[See()])
-    install(other, stub).push_many([(4, 1, other_kind)])
-    assert stub.queues[install(other).actors[other_kind].queue_name].qsize() == 1
-    assert seen[-1] == (4, 1)
+    install(other, stub).push_many([(4, 1, other_kind), (5, 1, other_kind)])
+    queued = stub.queues[install(other).actors[other_kind].queue_name].qsize()
+    assert queued == (1 if per_message > 1 else 2)
+    assert seen[-1] == ((4, 1, 5, 1) if per_message > 1 else (5, 1))
+
+
+@given(items=st.lists(st.integers(), max_size=60), most=st.integers(1, 12))
+def test_even_chunks_are_the_fewest_of_at_most_most_and_nearly_equal(
+    items: list[int], most: int
+) -> None:
+    chunks = list(even_chunks(items, most))
+    assert [x for chunk in chunks for x in chunk] == items
+    assert len(chunks) == -(-len(items) // most)
+    assert all(1 <= len(chunk) <= most for chunk in chunks)
+    if chunks:
+        assert max(map(len, chunks)) - min(map(len, chunks)) <= 1
+
+
+def test_a_message_that_is_not_pairs_is_refused_by_name() -> None:
+    assert pairs_of(1, 2, ()) == [(1, 2)]
+    assert pairs_of(1, 2, (3, 4)) == [(1, 2), (3, 4)]
+    with pytest.raises(ValueError, match=r"\(action_id, epoch\) pairs, got 3 values"):
+        pairs_of(1, 2, (3,))

@@ -1,21 +1,22 @@
 """One Dramatiq actor per kind, joined to a broker by ``install``.
 
-Each actor takes ``(action_id, epoch)`` and hands it to the process's ``WorkerRuntime``, which
-runs the core ``ActionExecutor`` (the code ``drain`` uses). The outbox owns retries, so Dramatiq
-never retries a message; each kind has its own queue (``ActionKind.queue_name``), so each adapter
-can be scaled by a worker pool of its own.
+Each actor takes ``(action_id, epoch)``, or several such pairs flattened into one message
+(``actions_per_message``), and hands them to the process's ``WorkerRuntime``, which runs the
+core ``ActionExecutor`` (the code ``drain`` uses) on each, the pairs of one message
+concurrently. The outbox owns retries, so Dramatiq never retries a message; each kind has its
+own queue (``ActionKind.queue_name``), so each adapter can be scaled by a worker pool of its own.
 """
 
 from __future__ import annotations
 
 import copy
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import dramatiq
-from dramatiq import Actor, Broker
+from dramatiq import Actor, Broker, Message
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 
 #: Dramatiq actor names: one per kind, e.g. ``outbox_email``.
 ACTOR_PREFIX = "outbox_"
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -43,28 +46,74 @@ class Dispatch:
     def queues(self) -> list[str]:
         return sorted(actor.queue_name for actor in self.actors.values())
 
+    def message(self, kind: str, pairs: Sequence[tuple[int, int]]) -> Message[Any]:
+        """The message of ``pairs`` (``(action_id, epoch)``) of one kind: its arguments are the
+        pairs flattened, so a message of one action is exactly ``(action_id, epoch)``."""
+        return self.actors[kind].message(*(value for pair in pairs for value in pair))
+
+    def messages(self, items: Iterable[tuple[int, int, str]]) -> list[Message[Any]]:
+        """``(action_id, epoch, kind)`` items as messages: per kind, in chunks of at most
+        ``actions_per_message`` of even size (7 actions at 4 a message go 4 + 3, 9 go 3 + 3 + 3),
+        so a round's work spreads over as many messages as it needs and no more."""
+        by_kind: dict[str, list[tuple[int, int]]] = {}
+        for action_id, epoch, kind in items:
+            by_kind.setdefault(kind, []).append((action_id, epoch))
+        per_message = self.outbox.settings.actions_per_message
+        return [
+            self.message(kind, chunk)
+            for kind, pairs in by_kind.items()
+            for chunk in even_chunks(pairs, per_message)
+        ]
+
     def push(self, action_id: int, epoch: int, kind: str) -> None:
         """Puts one ``(action_id, epoch)`` message on the kind's queue."""
-        self.broker.enqueue(self.actors[kind].message(action_id, epoch))
+        self.broker.enqueue(self.message(kind, [(action_id, epoch)]))
 
-    def push_many(self, items: list[tuple[int, int, str]]) -> None:
-        """Puts ``(action_id, epoch, kind)`` messages on their queues: on Redis, in one pipelined
-        round trip (a claim batch's pushes were most of the claimer's CPU); else one at a time.
+    def push_many(self, items: Iterable[tuple[int, int, str]]) -> list[Message[Any]]:
+        """Puts ``(action_id, epoch, kind)`` items on their queues, ``messages(items)`` of them:
+        on Redis in one pipelined round trip (a claim batch's pushes were most of the claimer's
+        CPU), elsewhere one message at a time. Returns the messages.
 
         Each message still goes through the broker's ``enqueue`` and its middleware. Raises if
         the round trip failed, and then none, some or all of the messages may have been queued:
-        the caller leaves them to their leases, as for a failed single push.
+        the caller may push them again (a twin delivery of an epoch is dropped by the worker's
+        take) or leave them to their leases.
         """
+        messages = self.messages(items)
         pipelined = _pipelined_redis(self.broker)
         if pipelined is None:
-            for action_id, epoch, kind in items:
-                self.push(action_id, epoch, kind)
-            return
+            for message in messages:
+                self.broker.enqueue(message)
+            return messages
         broker, pipe = pipelined
         with pipe:
-            for action_id, epoch, kind in items:
-                broker.enqueue(self.actors[kind].message(action_id, epoch))
+            for message in messages:
+                broker.enqueue(message)
             pipe.execute()
+        return messages
+
+
+def even_chunks(items: Sequence[T], most: int) -> Iterator[Sequence[T]]:
+    """``items`` in the fewest chunks of at most ``most``, their sizes differing by one at most."""
+    if not items:
+        return
+    count = -(-len(items) // most)
+    size, larger = divmod(len(items), count)
+    start = 0
+    for index in range(count):
+        end = start + size + (1 if index < larger else 0)
+        yield items[start:end]
+        start = end
+
+
+def pairs_of(action_id: int, epoch: int, more: Sequence[int]) -> list[tuple[int, int]]:
+    """A message's arguments back as ``(action_id, epoch)`` pairs; ValueError when they are not
+    pairs (a message some other code put on the queue)."""
+    if len(more) % 2:
+        raise ValueError(
+            f"an outbox message holds (action_id, epoch) pairs, got {len(more) + 2} values"
+        )
+    return [(action_id, epoch), *zip(more[::2], more[1::2], strict=True)]
 
 
 def _pipelined_redis(broker: Broker) -> tuple[Broker, Any] | None:
@@ -126,9 +175,12 @@ def actor_options(outbox: Outbox, broker: Broker) -> dict[str, Any]:
     return {name: value for name, value in options.items() if name in broker.actor_options}
 
 
-def _actor_fn(runtime: WorkerRuntime, kind: str) -> Callable[[int, int], None]:
-    def run_action(action_id: int, epoch: int) -> None:
-        runtime.run(kind, action_id, epoch)
+def _actor_fn(runtime: WorkerRuntime, kind: str) -> Callable[..., None]:
+    def run_action(action_id: int, epoch: int, *more: int) -> None:
+        if more:
+            runtime.run_many(kind, pairs_of(action_id, epoch, more))
+        else:
+            runtime.run(kind, action_id, epoch)
 
     run_action.__name__ = f"{ACTOR_PREFIX}{kind.lower()}"
     run_action.__qualname__ = run_action.__name__

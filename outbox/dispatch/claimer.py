@@ -1,11 +1,11 @@
-"""The claimer: claims due actions in PostgreSQL and pushes ``(action_id, epoch)`` messages.
+"""The claimer: claims due actions in PostgreSQL and pushes their ``(action_id, epoch)`` pairs.
 
 Any number of claimers run at once, with no leader. Each round, under a short transaction-scoped
 advisory lock (so replicas together keep the bound), it counts each kind's in-flight actions
 (EXECUTING with a live lease), claims at most ``in_flight`` minus that many (and at most
-``batch_size``), commits, and only then pushes one message per claimed action. A claimer that
-dies between the commit and the push loses nothing: the action's lease runs out and the next
-round reclaims it under a new epoch.
+``batch_size``), commits, and only then pushes the claimed actions, up to
+``actions_per_message`` a message. A claimer that dies between the commit and the push loses
+nothing: the action's lease runs out and the next round reclaims it under a new epoch.
 """
 
 from __future__ import annotations
@@ -107,29 +107,30 @@ class Claimer:
             return await run_async(conn, op)
 
     def push(self, claimed: list[ClaimedAction]) -> int:
-        """Pushes one message per action (after the claim committed); returns how many went.
+        """Pushes the claimed actions (after the claim committed), up to ``actions_per_message``
+        a message; returns how many actions went.
 
         A failed push is logged and left to the lease: the action is reclaimed when it runs out.
         """
+        items = [(c.action.id, c.action.epoch, c.action.kind) for c in claimed]
         try:
-            self.dispatch.push_many([(c.action.id, c.action.epoch, c.action.kind) for c in claimed])
+            self.dispatch.push_many(items)
             return len(claimed)
         except Exception:
-            # Some may have gone: pushed again one by one (a twin delivery of an epoch is
-            # dropped by the worker's take), and what still fails is left to its lease.
-            log.warning("pipelined push of %s messages failed; pushing one by one", len(claimed))
+            # Some may have gone: pushed again one message at a time (a twin delivery of an
+            # epoch is dropped by the worker's take), and what still fails is left to its lease.
+            log.warning("pipelined push of %s actions failed; pushing one by one", len(claimed))
         pushed = 0
-        for item in claimed:
-            action = item.action
+        for message in self.dispatch.messages(items):
+            actions = len(message.args) // 2
             try:
-                self.dispatch.push(action.id, action.epoch, action.kind)
-                pushed += 1
+                self.dispatch.broker.enqueue(message)
+                pushed += actions
             except Exception:
-                self.totals["push_failed"] += 1
+                self.totals["push_failed"] += actions
                 log.exception(
-                    "push of action %s epoch %s failed; it is reclaimed after its lease",
-                    action.id,
-                    action.epoch,
+                    "push of actions %s (id, epoch) failed; they are reclaimed after their lease",
+                    message.args,
                 )
         return pushed
 

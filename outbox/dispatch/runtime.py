@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -36,7 +36,7 @@ START_TIMEOUT = 30.0
 
 
 class WorkerRuntime:
-    """Runs ``(action_id, epoch)`` messages through the core ``ActionExecutor``.
+    """Runs ``(action_id, epoch)`` pairs from messages through the core ``ActionExecutor``.
 
     Guarantees: a message runs the adapter only if its epoch still holds and no other delivery
     of that epoch took it first (``Store.take_attempt``); any other message is dropped, logged
@@ -95,6 +95,31 @@ class WorkerRuntime:
         self.start()
         assert self._thread is not None
         return run_on_loop(self._thread.loop, lambda: self._run(kind, action_id, epoch))
+
+    def run_many(self, kind: str, pairs: Sequence[tuple[int, int]]) -> list[Outcome | None]:
+        """Runs the ``(action_id, epoch)`` pairs of one message concurrently on this process's
+        loop (their takes, fences and ends share group-commit statements); each pair is taken,
+        run and finished on its own, exactly as a message of its own would be.
+
+        Every attempt ends before this returns; if any raised (a database error: the action is
+        then left to its lease), the first error is raised after the rest ended, so Dramatiq
+        logs the message as failed. An Interrupt cancels them all.
+        """
+        self.start()
+        assert self._thread is not None
+        outcomes = run_on_loop(self._thread.loop, lambda: self._run_all(kind, pairs))
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return outcomes  # type: ignore[return-value]
+
+    async def _run_all(
+        self, kind: str, pairs: Sequence[tuple[int, int]]
+    ) -> list[Outcome | BaseException | None]:
+        return await asyncio.gather(
+            *(self._run(kind, action_id, epoch) for action_id, epoch in pairs),
+            return_exceptions=True,
+        )
 
     async def _run(self, kind: str, action_id: int, epoch: int) -> Outcome | None:
         executor = self._executor
