@@ -7,6 +7,9 @@ async.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -27,10 +30,9 @@ def default_schema() -> str:
     return os.environ.get("OUTBOX_SCHEMA", DEFAULT_SCHEMA)
 
 
-def enqueue_operation(schema: str, request: ActionRequest) -> Operation[Action]:
-    request.validate()
-    q = queries_for(schema)
-    params = {
+def _params(request: ActionRequest) -> dict[str, Any]:
+    """One request as the ``enqueue`` statement's parameters."""
+    return {
         "kind": request.kind_name,
         "state": (ActionState.PROPOSED if request.proposal else ActionState.ADMITTED).value,
         "workspace_id": as_text(request.workspace_id),
@@ -41,6 +43,33 @@ def enqueue_operation(schema: str, request: ActionRequest) -> Operation[Action]:
         "max_attempts": request.max_attempts,
         "expires_at": request.expires_at,
     }
+
+
+def _refusal(
+    request: ActionRequest, instance_level: bool | None, db_now: datetime
+) -> InvalidActionRequest | None:
+    """Why the database refused ``request`` (None when it would not have): the kind table and
+    the database clock say, as ``enqueue_diagnose`` reads them. Written once so that ``enqueue``
+    and ``enqueue_many`` raise the same error for the same request."""
+    if instance_level is None:
+        return UnknownKindError(request.kind_name)
+    if request.workspace_id is None and not instance_level:
+        return InvalidActionRequest(
+            "workspace_id", f"kind {request.kind_name} is not instance-level: give a workspace"
+        )
+    if request.expires_at is not None and request.expires_at <= db_now:
+        return InvalidActionRequest("expires_at", f"{request.expires_at} has already passed")
+    return None
+
+
+def _vanished() -> InvalidActionRequest:
+    return InvalidActionRequest("idempotency_key", "the action vanished while enqueueing; retry")
+
+
+def enqueue_operation(schema: str, request: ActionRequest) -> Operation[Action]:
+    request.validate()
+    q = queries_for(schema)
+    params = _params(request)
     rows = yield Statement(q["enqueue"], params)
     if rows:
         return Action.from_row(rows[0])
@@ -50,16 +79,86 @@ def enqueue_operation(schema: str, request: ActionRequest) -> Operation[Action]:
     if rows:
         return Action.from_row(rows[0])
     rows = yield Statement(q["enqueue_diagnose"], params)
-    instance_level, db_now = rows[0]["instance_level"], rows[0]["db_now"]
-    if instance_level is None:
-        raise UnknownKindError(request.kind_name)
-    if request.workspace_id is None and not instance_level:
-        raise InvalidActionRequest(
-            "workspace_id", f"kind {request.kind_name} is not instance-level: give a workspace"
+    raise _refusal(request, rows[0]["instance_level"], rows[0]["db_now"]) or _vanished()
+
+
+#: How often ``enqueue_many`` inserts again when its batch was held back by a request that a
+#: racing transaction then made acceptable (it committed that request's key): each retry needs
+#: another commit to land between two statements of this one call, so a few are plenty.
+_ENQUEUE_MANY_TRIES = 3
+
+
+def enqueue_many_operation(
+    schema: str, requests: Iterable[ActionRequest]
+) -> Operation[list[Action]]:
+    """``enqueue`` of each request in order, as one insert statement for the whole batch.
+
+    Only the first request of each idempotency key is sent: a later one with the same key gets
+    that action back (``created`` False), as a second ``enqueue`` would. The statement inserts
+    nothing when any new key's request is refused, so a refusal leaves nothing half-written and
+    no SQL error in the caller's transaction; the keys it did not insert are then read in one
+    statement (existing keys, and keys a racing transaction committed while we waited).
+    """
+    batch = list(requests)
+    for request in batch:
+        request.validate()
+    if not batch:
+        return []
+    q = queries_for(schema)
+    firsts: dict[str, ActionRequest] = {}
+    for request in batch:
+        firsts.setdefault(request.idempotency_key, request)
+    columns = [_params(request) for request in firsts.values()]
+    params = {
+        plural: [column[name] for column in columns]
+        for plural, name in (
+            ("kinds", "kind"),
+            ("states", "state"),
+            ("workspace_ids", "workspace_id"),
+            ("lane_keys", "lane_key"),
+            ("idempotency_keys", "idempotency_key"),
+            ("payloads", "payload"),
+            ("subject_account_ids", "subject_account_id"),
+            ("max_attempts", "max_attempts"),
+            ("expires_ats", "expires_at"),
         )
-    if request.expires_at is not None and request.expires_at <= db_now:
-        raise InvalidActionRequest("expires_at", f"{request.expires_at} has already passed")
-    raise InvalidActionRequest("idempotency_key", "the action vanished while enqueueing; retry")
+    }
+    found: dict[str, Action] = {}
+    for _ in range(_ENQUEUE_MANY_TRIES):
+        rows = yield Statement(q["enqueue_many"], params)
+        found.update((row["idempotency_key"], Action.from_row(row)) for row in rows)
+        missing = [key for key in firsts if key not in found]
+        if not missing:
+            break
+        rows = yield Statement(q["actions_by_idempotency_keys"], {"idempotency_keys": missing})
+        found.update((row["idempotency_key"], Action.from_row(row)) for row in rows)
+        missing = [key for key in missing if key not in found]
+        if not missing:
+            break
+        # Some new key was refused (the whole batch then inserted nothing): the first refused
+        # request in order raises what ``enqueue`` would have raised for it.
+        kinds = list(dict.fromkeys(firsts[key].kind_name for key in missing))
+        rows = yield Statement(q["enqueue_many_diagnose"], {"kinds": kinds})
+        instance_level = {row["kind"]: row["instance_level"] for row in rows}
+        db_now = rows[0]["db_now"]
+        for key in missing:
+            request = firsts[key]
+            refusal = _refusal(request, instance_level[request.kind_name], db_now)
+            if refusal is not None:
+                raise refusal
+        # None is refused now: a racing transaction committed the refused request's key after
+        # our insert looked (or an action vanished); the batch is acceptable, so insert again.
+    else:
+        raise _vanished()
+    actions: list[Action] = []
+    seen: set[str] = set()
+    for request in batch:
+        action = found[request.idempotency_key]
+        if request.idempotency_key in seen and action.created:
+            action = replace(action, created=False)  # a repeat finds the first's action
+        seen.add(request.idempotency_key)
+        actions.append(action)
+    return actions
 
 
 def _proposal_operation(schema: str, name: str, params: dict[str, Any]) -> Operation[Action]:
@@ -106,6 +205,29 @@ async def enqueue_async(
 ) -> Action:
     """The async twin of ``enqueue``."""
     return await run_async(conn, enqueue_operation(schema or default_schema(), request))
+
+
+def enqueue_many(
+    conn: Any, requests: Sequence[ActionRequest], *, schema: str | None = None
+) -> list[Action]:
+    """``enqueue`` of each request in order, in the caller's transaction, as ONE insert.
+
+    A batch job of 10,000 actions then costs one round trip and one NOTIFY instead of one per
+    action. Returns one action per request, in request order; ids rise in request order, so the
+    actions of one lane run in request order. Idempotency is ``enqueue``'s: an existing key
+    returns its action unchanged, a repeated key in the batch returns the first request's
+    action, a racing transaction holding a key is waited for. Bad input raises what ``enqueue``
+    would raise for the first bad request, and writes nothing for the whole batch.
+    """
+    op = enqueue_many_operation(schema or default_schema(), requests)
+    return run_sync(psycopg_connection(conn), op)
+
+
+async def enqueue_many_async(
+    conn: AsyncConnection[Any], requests: Sequence[ActionRequest], *, schema: str | None = None
+) -> list[Action]:
+    """The async twin of ``enqueue_many``."""
+    return await run_async(conn, enqueue_many_operation(schema or default_schema(), requests))
 
 
 def admit(conn: Any, action_id: int, *, schema: str | None = None) -> Action:

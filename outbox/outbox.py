@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -78,6 +78,14 @@ class Outbox:
 
     async def enqueue_async(self, conn: AsyncConnection[Any], request: ActionRequest) -> Action:
         return await _enqueue.enqueue_async(conn, request, schema=self.schema)
+
+    def enqueue_many(self, conn: Any, requests: Sequence[ActionRequest]) -> list[Action]:
+        return _enqueue.enqueue_many(conn, requests, schema=self.schema)
+
+    async def enqueue_many_async(
+        self, conn: AsyncConnection[Any], requests: Sequence[ActionRequest]
+    ) -> list[Action]:
+        return await _enqueue.enqueue_many_async(conn, requests, schema=self.schema)
 
     def admit(self, conn: Any, action_id: int) -> Action:
         return _enqueue.admit(conn, action_id, schema=self.schema)

@@ -28,6 +28,53 @@ SELECT (SELECT k.instance_level FROM {schema}.agent_action_kind k WHERE k.name =
            AS instance_level,
        now() AS db_now
 
+-- name: enqueue_many
+-- Insert a batch of actions in request order (ids rise with it) in one statement, skipping keys
+-- that exist (a racing insert of a key waits for the other transaction); inserts nothing at all
+-- when any request with a new key is refused (enqueue_many_diagnose then says which).
+WITH request AS (
+    SELECT r.*,
+           coalesce(k.name IS NOT NULL
+                    AND (r.workspace_id IS NOT NULL OR k.instance_level)
+                    AND (r.expires_at IS NULL OR r.expires_at > now()), false) AS accepted
+      FROM unnest(%(kinds)s::text[], %(states)s::text[], %(workspace_ids)s::text[],
+                  %(lane_keys)s::text[], %(idempotency_keys)s::text[], %(payloads)s::jsonb[],
+                  %(subject_account_ids)s::text[], %(max_attempts)s::int[],
+                  %(expires_ats)s::timestamptz[])
+           WITH ORDINALITY AS r(kind, state, workspace_id, lane_key, idempotency_key, payload,
+                                subject_account_id, max_attempts, expires_at, ord)
+      LEFT JOIN {schema}.agent_action_kind k ON k.name = r.kind
+)
+INSERT INTO {schema}.agent_action
+    (kind, state, workspace_id, lane_key, idempotency_key, payload, subject_account_id,
+     max_attempts, expires_at)
+SELECT r.kind, r.state, r.workspace_id, r.lane_key, r.idempotency_key, r.payload,
+       r.subject_account_id, r.max_attempts, r.expires_at
+  FROM request r
+ WHERE r.accepted
+   AND NOT EXISTS (
+       SELECT 1 FROM request x
+        WHERE NOT x.accepted
+          AND NOT EXISTS (SELECT 1 FROM {schema}.agent_action a
+                           WHERE a.idempotency_key = x.idempotency_key))
+ ORDER BY r.ord
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING *, true AS created
+
+-- name: actions_by_idempotency_keys
+-- The actions that hold any of a list of idempotency keys.
+SELECT *, false AS created FROM {schema}.agent_action
+ WHERE idempotency_key = ANY(%(idempotency_keys)s::text[])
+
+-- name: enqueue_many_diagnose
+-- Why `enqueue_many` inserted nothing for some keys and found no earlier actions: each kind's
+-- instance_level (NULL when unknown) and the database clock.
+SELECT r.kind,
+       (SELECT k.instance_level FROM {schema}.agent_action_kind k WHERE k.name = r.kind)
+           AS instance_level,
+       now() AS db_now
+  FROM unnest(%(kinds)s::text[]) AS r(kind)
+
 -- name: action_by_id
 -- One action, whole.
 SELECT *, false AS created FROM {schema}.agent_action WHERE id = %(id)s
