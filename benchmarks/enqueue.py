@@ -1,7 +1,9 @@
 """``enqueue``: actions/s of the real ``outbox.enqueue`` (sync psycopg, one client), one action a
-transaction and 1,000 a transaction. Each is compared with the same client inserting rows of the
-same shape into a plain table (no triggers, no lane table, a unique key), measured in the same
-run: the ratio is what the outbox's bookkeeping costs on the application's write path.
+transaction and 1,000 a transaction, and of ``outbox.enqueue_many`` with 1,000 a call and a
+transaction. Each is compared with the same client inserting rows of the same shape into a plain
+table (no triggers, no lane table, a unique key) the same way (one INSERT a row, or one
+multi-row INSERT a transaction), measured in the same run: the ratio is what the outbox's
+bookkeeping costs on the application's write path.
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ INSERT_PLAIN = (
     "INSERT INTO {s}.plain (kind, workspace_id, lane_key, idempotency_key, payload)"
     " VALUES (%s, %s, %s, %s, %s)"
 )
+INSERT_PLAIN_MANY = (
+    "INSERT INTO {s}.plain (kind, workspace_id, lane_key, idempotency_key, payload)"
+    " SELECT %s, 'w', k, k, p FROM unnest(%s::text[], %s::jsonb[]) AS r(k, p)"
+)
+#: Actions a call (and a transaction) of the enqueue-many case.
+MANY = 1_000
 
 
 def _timed(n: int, per_tx: int, write: Any) -> tuple[float, list[float]]:
@@ -82,21 +90,44 @@ def run(scale: Scale) -> list[Result]:
 
             plain_s, _ = _timed(n, per_tx, plain_write)
             outbox_s, latencies = _timed(n, per_tx, outbox_write)
-            rate, ceiling = n / outbox_s, n / plain_s
-            results.append(
-                Result(
-                    scenario=name,
-                    n=n,
-                    actions_per_s=round(rate, 1),
-                    p50_ms=ms(percentile(latencies, 50)),
-                    p99_ms=ms(percentile(latencies, 99)),
-                    ratio=round(rate / ceiling, 3),
-                    ratio_to=f"plain-insert-{tag}",
-                    extra={
-                        "per_transaction": per_tx,
-                        "ceiling_per_s": round(ceiling, 1),
-                        "latency_is": "one transaction (its enqueues and commit)",
-                    },
+            results.append(_result(name, n, per_tx, n / outbox_s, n / plain_s, latencies))
+
+        n = scale.n(20_000, 100_000, floor=50)
+        insert_plain_many = INSERT_PLAIN_MANY.format(s=s)
+
+        def plain_many(conn: psycopg.Connection[Any], i: int) -> None:
+            if i % MANY == 0:
+                keys = [f"many-{j}" for j in range(i, min(n, i + MANY))]
+                payloads = [Jsonb({"i": j}) for j in range(i, min(n, i + MANY))]
+                conn.execute(insert_plain_many, (NOOP.name, keys, payloads))
+
+        def outbox_many(conn: psycopg.Connection[Any], i: int) -> None:
+            if i % MANY == 0:
+                outbox.enqueue_many(
+                    conn, [noop_request(f"many-{j}", i=j) for j in range(i, min(n, i + MANY))]
                 )
-            )
+
+        plain_s, _ = _timed(n, MANY, plain_many)
+        outbox_s, latencies = _timed(n, MANY, outbox_many)
+        results.append(_result("enqueue-many", n, MANY, n / outbox_s, n / plain_s, latencies))
     return results
+
+
+def _result(
+    name: str, n: int, per_tx: int, rate: float, ceiling: float, latencies: list[float]
+) -> Result:
+    many = name == "enqueue-many"
+    return Result(
+        scenario=name,
+        n=n,
+        actions_per_s=round(rate, 1),
+        p50_ms=ms(percentile(latencies, 50)),
+        p99_ms=ms(percentile(latencies, 99)),
+        ratio=round(rate / ceiling, 3),
+        ratio_to="plain-insert-many" if many else f"plain-insert-{name.removeprefix('enqueue-')}",
+        extra={
+            "per_transaction": per_tx,
+            "ceiling_per_s": round(ceiling, 1),
+            "latency_is": "one transaction (its enqueues and commit)",
+        },
+    )
