@@ -34,14 +34,16 @@ class RawCeiling:
 _measured: dict[Scale, RawCeiling] = {}
 
 
-def measure(scale: Scale) -> RawCeiling:
-    """Runs the raw pool once per run (later calls return the same numbers)."""
-    if scale in _measured:
-        return _measured[scale]
-    n = scale.n(3_000, 20_000, floor=50)
-    paced_n = scale.n(300, 3_000, floor=20)
-    broker = apps.raw_broker()
-    actor = broker.get_actor("bench_raw_noop")
+@dataclass(frozen=True)
+class RawThroughput:
+    per_s: float
+    cpu_ms: dict[str, float | None]
+
+
+def throughput(n: int) -> RawThroughput:
+    """``n`` messages sent one by one through a fresh raw pool, as fast as the pool takes them:
+    messages/s from the first send until the last actor counted itself done."""
+    actor = apps.raw_broker().get_actor("bench_raw_noop")
     with rig("raw") as r:
         client = redis.Redis.from_url(REDIS_URL)
         r.stack.callback(client.close)
@@ -53,15 +55,32 @@ def measure(scale: Scale) -> RawCeiling:
         ended = wait_until(
             lambda: int(client.get(apps.RAW_DONE_KEY) or 0) >= n, 300, "raw messages not done"
         )
-        per_s = n / (ended - started)
         cpu.stop()
-        client.delete(apps.RAW_DONE_KEY)
-        time.sleep(0.5)  # idle again, as the latency scenario's pool is
+    return RawThroughput(n / (ended - started), cpu.per_action_ms(n))
+
+
+def raw_n(scale: Scale) -> int:
+    return scale.n(3_000, 30_000, floor=50)
+
+
+def measure(scale: Scale) -> RawCeiling:
+    """Runs the raw pool once per run (later calls return the same numbers)."""
+    if scale in _measured:
+        return _measured[scale]
+    n = raw_n(scale)
+    paced_n = scale.n(300, 3_000, floor=20)
+    ceiling = throughput(n)
+    actor = apps.raw_broker().get_actor("bench_raw_noop")
+    with rig("raw") as r:
+        client = redis.Redis.from_url(REDIS_URL)
+        r.stack.callback(client.close)
+        r.raw_workers()
+        time.sleep(0.5)  # idle, as the latency scenario's pool is
         for _ in paced(paced_n, PACE):
             actor.send(time.time())
         wait_until(lambda: int(client.get(apps.RAW_DONE_KEY) or 0) >= paced_n, 60, "paced")
         latencies = [float(v) for v in client.lrange(apps.RAW_LATENCY_KEY, 0, -1)]
-    _measured[scale] = RawCeiling(n, per_s, paced_n, latencies, cpu.per_action_ms(n))
+    _measured[scale] = RawCeiling(n, ceiling.per_s, paced_n, latencies, ceiling.cpu_ms)
     return _measured[scale]
 
 

@@ -28,9 +28,12 @@ RAW_APP = "benchmarks.apps:raw_broker"
 #: keeps the cores busy.
 PROCESSES = 2
 THREADS = 32
-#: The claimer's in-flight bound: what the pool holds, running and prefetched (Dramatiq
-#: prefetches two messages a thread), so the bound never idles a thread that could run.
-IN_FLIGHT = PROCESSES * THREADS * 2
+#: Actions a message carries (the outbox's default): a thread runs a message's actions together.
+ACTIONS_PER_MESSAGE = 8
+#: The claimer's in-flight bound: what the pool runs at once (threads x actions a message), so
+#: the bound never idles a thread that could run. A bound of only what the threads hold left the
+#: pool waiting for the claimer's next look (BUSY_POLL) once it had run its 128.
+IN_FLIGHT = PROCESSES * THREADS * ACTIONS_PER_MESSAGE
 #: An idle Redis consumer polls with a backoff up to this many ms (Dramatiq's default is 1,000,
 #: which alone would put an idle pool's p50 latency in the hundreds of ms); the price is a few
 #: hundred cheap Redis calls a second while idle.
@@ -53,6 +56,7 @@ class Rig:
             "PYTHONPATH": REPO,
             "dramatiq_worker_timeout": str(WORKER_TIMEOUT_MS),
             "OUTBOX_IN_FLIGHT": str(IN_FLIGHT),
+            "OUTBOX_ACTIONS_PER_MESSAGE": str(ACTIONS_PER_MESSAGE),
             "OUTBOX_BENCH_RUN_ID": RUN_ID,
             **self.settings,
         }
