@@ -156,12 +156,40 @@ def test_ended_state_requires_stop_reason_and_drops_payload(db):
 
 
 def test_a_new_row_starts_waiting_at_epoch_zero(db):
-    for values in ("'EXECUTING', 0", "'DONE', 0", "'ADMITTED', 3"):
-        with pytest.raises(psycopg.errors.CheckViolation), db.transaction():
+    for values, message in (
+        ("'EXECUTING', 0, now()", "starts PROPOSED or ADMITTED, not EXECUTING"),
+        ("'DONE', 0, NULL", None),  # a check constraint (no stop reason) refuses it first
+        ("'ADMITTED', 3, NULL", "starts at epoch 0 and attempt 0"),
+    ):
+        with pytest.raises(psycopg.errors.CheckViolation, match=message), db.transaction():
             db.execute(
                 "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,"
-                f" state, epoch) VALUES ('NOTE', 'w', 'l', 'k', '{{}}', {values})"
+                f" state, epoch, lease_until) VALUES ('NOTE', 'w', 'l', 'k', '{{}}', {values})"
             )
+
+
+def test_one_bad_row_refuses_a_whole_multi_row_insert_and_leaves_no_lane(db):
+    """The insert rules run once a statement over every inserted row (migration 0004)."""
+    with pytest.raises(psycopg.errors.CheckViolation, match="not EXECUTING"), db.transaction():
+        db.execute(
+            "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload,"
+            " state, lease_until) VALUES ('NOTE', 'w', 'a', 'k1', '{}', 'ADMITTED', NULL),"
+            " ('NOTE', 'w', 'b', 'k2', '{}', 'EXECUTING', now()),"
+            " ('NOTE', 'w', 'c', 'k3', '{}', 'ADMITTED', NULL)"
+        )
+    assert db.execute("SELECT count(*) FROM agent_action").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM agent_action_lane").fetchone() == (0,)
+    # The same rows without the bad one: each lane gets its head, the smallest id of the lane.
+    db.execute(
+        "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload)"
+        " VALUES ('NOTE', 'w', 'a', 'k1', '{}'), ('NOTE', 'w', 'a', 'k2', '{}'),"
+        " ('NOTE', 'w', 'c', 'k3', '{}')"
+    )
+    lanes = db.execute(
+        "SELECT l.lane_key, l.head_id = (SELECT min(id) FROM agent_action a"
+        "  WHERE a.lane_key = l.lane_key) FROM agent_action_lane l ORDER BY 1"
+    ).fetchall()
+    assert lanes == [("a", True), ("c", True)]
 
 
 @pytest.mark.parametrize(
