@@ -1,5 +1,5 @@
-"""Dispatch through Dramatiq: the claimer pushes ``(action_id, epoch)`` messages, one actor per
-kind runs them through the core executor. See the README's "Running with Dramatiq"."""
+"""Dispatch through Dramatiq: the claimer pushes messages of ``(action_id, epoch)`` pairs, one
+actor per kind runs them through the core executor. See the README's "Running with Dramatiq"."""
 
 from outbox.dispatch.actors import Dispatch, install, installed
 from outbox.dispatch.broker import DEFAULT_BROKER_URL, broker_from_url, default_broker
