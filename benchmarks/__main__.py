@@ -22,6 +22,7 @@ SCENARIOS: dict[str, str] = {
     "dramatiq-raw": "benchmarks.dramatiq_raw",
     "e2e": "benchmarks.e2e",
     "latency": "benchmarks.latency",
+    "hot-lane": "benchmarks.hot_lane",
 }
 
 

@@ -85,6 +85,49 @@ CREATE TRIGGER agent_action_lane_track_delete
     WHEN (OLD.state IN ('PROPOSED', 'ADMITTED', 'EXECUTING'))
     EXECUTE FUNCTION agent_action_lane_track();
 
--- The lane refresh is called only by agent_action_lane_track, which already runs on the
--- outbox's search_path: its own SET was a second save and restore a call.
-ALTER FUNCTION agent_action_lane_refresh(text) RESET search_path;
+-- The lane refresh, as in 0003, with two changes:
+-- - no SET search_path of its own: only agent_action_lane_track calls it, which runs on the
+--   outbox's search_path already (a second save and restore a call);
+-- - when the lane has nothing executing and its head is due, it wakes the claimers (the same
+--   NOTIFY an enqueue sends): a finish whose lane has a successor, an admit, an erasure. Before,
+--   a successor waited for the claimer's next poll (50 ms while busy), so one lane ran at most
+--   about 20 actions a second. PostgreSQL folds a transaction's identical NOTIFYs into one.
+CREATE OR REPLACE FUNCTION agent_action_lane_refresh(p_lane text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    head record;
+    executing bigint;
+BEGIN
+    PERFORM 1 FROM agent_action_lane WHERE lane_key = p_lane FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO agent_action_lane (lane_key) VALUES (p_lane) ON CONFLICT DO NOTHING;
+        PERFORM 1 FROM agent_action_lane WHERE lane_key = p_lane FOR UPDATE;
+    END IF;
+    SELECT a.id, a.kind, a.state, a.available_at INTO head
+      FROM agent_action a
+     WHERE a.lane_key = p_lane AND a.state IN ('PROPOSED', 'ADMITTED')
+     ORDER BY a.id LIMIT 1;
+    SELECT a.id INTO executing FROM agent_action a WHERE a.lane_key = p_lane AND a.state = 'EXECUTING';
+    IF head.id IS NULL AND executing IS NULL THEN
+        DELETE FROM agent_action_lane
+         WHERE lane_key = p_lane AND (busy_until IS NULL OR busy_until <= now());
+        IF NOT FOUND THEN  -- held by an erased write: keep the row, empty
+            UPDATE agent_action_lane
+               SET head_id = NULL, head_kind = NULL, head_due_at = NULL, executing_id = NULL
+             WHERE lane_key = p_lane;
+        END IF;
+    ELSE
+        UPDATE agent_action_lane l
+           SET head_id = head.id,
+               head_kind = head.kind,
+               head_due_at = CASE WHEN head.state = 'ADMITTED' THEN head.available_at END,
+               executing_id = executing
+         WHERE l.lane_key = p_lane
+           AND (l.head_id, l.head_kind, l.head_due_at, l.executing_id) IS DISTINCT FROM
+               (head.id, head.kind, CASE WHEN head.state = 'ADMITTED' THEN head.available_at END, executing);
+        IF executing IS NULL AND head.state = 'ADMITTED' AND head.available_at <= now() THEN
+            PERFORM pg_notify('outbox_' || current_schema(), '');
+        END IF;
+    END IF;
+END;
+$$;

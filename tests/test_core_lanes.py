@@ -279,3 +279,46 @@ async def test_an_erased_action_before_its_fence_frees_its_lane_at_once(
             conn.commit()
         (after,) = await store.claim({"NOTE": 10}, ob.settings.lease)
     assert after.action.id == nxt.id
+
+
+def _notified(listener: psycopg.Connection) -> int:
+    """How many NOTIFYs reached ``listener`` since the last look."""
+    return sum(1 for _ in listener.notifies(timeout=0.2, stop_after=100))
+
+
+async def test_an_ended_action_wakes_the_claimers_only_when_its_lane_has_a_due_successor(
+    make_outbox, database_url, schema
+):
+    """The lane refresh NOTIFYs (migration 0004), so a lane's next action is claimed at once,
+    not at the claimer's next poll; an end that leaves nothing due stays silent."""
+    from outbox import ActionState
+
+    ob = build(make_outbox, ScriptedAdapter())
+    with psycopg.connect(database_url) as conn:
+        enqueue(conn, request("L", "first"), schema=schema)
+        enqueue(conn, request("L", "second"), schema=schema)
+        enqueue(conn, request("alone", "alone"), schema=schema)
+        enqueue(conn, request("R", "retried"), schema=schema)
+        enqueue(conn, request("R", "behind"), schema=schema)
+        conn.commit()
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        listener.execute(f'LISTEN "outbox_{schema}"')
+        async with ob.store() as store:
+            claimed = {
+                c.action.lane_key: c.action
+                for c in await store.claim({"NOTE": 10}, ob.settings.lease)
+            }
+            assert sorted(claimed) == ["L", "R", "alone"]
+            assert _notified(listener) == 0, "a claim leaves its lane busy: nothing to wake"
+            done = ActionState.DONE
+            alone = claimed["alone"]
+            assert await store.finish_end(alone.id, alone.epoch, done, "DONE", None)
+            assert _notified(listener) == 0, "no successor, nothing to wake"
+            retried = claimed["R"]
+            assert await store.finish_retry(retried.id, retried.epoch, timedelta(minutes=5))
+            assert _notified(listener) == 0, "the head waits for its retry: nothing due"
+            first = claimed["L"]
+            assert await store.finish_end(first.id, first.epoch, done, "DONE", None)
+            assert _notified(listener) == 1, "the successor is due: the claimers must hear it"
+            (nxt,) = await store.claim({"NOTE": 10}, ob.settings.lease)
+    assert nxt.action.idempotency_key == "second"
