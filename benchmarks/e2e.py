@@ -9,7 +9,7 @@ ratio is taken in rounds: each round measures ``dramatiq-raw`` (the ceiling) and
 back to back, and ``ratio`` is the median of the rounds' ratios.
 
 - ``e2e``: the application enqueues with ``enqueue_many`` (one statement a transaction);
-- ``e2e-single``: one ``enqueue`` call an action (100 a transaction), one round.
+- ``e2e-single``: one ``enqueue`` call an action (100 a transaction), fewer rounds.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ from outbox import Outbox
 
 #: Actions per enqueueing transaction (an application's batch job, say).
 PER_TX = 100
+#: Paired rounds of a default run (a quick run does one of each).
+ROUNDS = 5
+SINGLE_ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -146,14 +149,16 @@ def _result(scenario: str, runs: list[Run], enqueue: str) -> Result:
 def run(scale: Scale) -> list[Result]:
     raw = dramatiq_raw.measure(scale)
     n = dramatiq_raw.raw_n(scale)
-    rounds = 1 if scale.quick or scale.factor < 1 else 3
+    short = scale.quick or scale.factor < 1
     runs: list[Run] = []
-    for index in range(rounds):
+    for index in range(1 if short else ROUNDS):
         ceiling = raw.per_s if index == 0 else dramatiq_raw.throughput(n).per_s
         runs.append(run_once(n, ceiling, many=True))
-    single_ceiling = dramatiq_raw.throughput(n).per_s
-    single = run_once(n, single_ceiling, many=False)
+    singles = [
+        run_once(n, dramatiq_raw.throughput(n).per_s, many=False)
+        for _ in range(1 if short else SINGLE_ROUNDS)
+    ]
     return [
         _result("e2e", runs, f"enqueue_many, {PER_TX} a transaction"),
-        _result("e2e-single", [single], f"enqueue one by one, {PER_TX} a transaction"),
+        _result("e2e-single", singles, f"enqueue one by one, {PER_TX} a transaction"),
     ]
