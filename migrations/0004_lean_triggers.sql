@@ -10,7 +10,8 @@
 -- runs one statement-level function over the inserted rows instead of two row functions a row.
 -- What is refused, with which message, and how the lane rows are kept, is unchanged.
 
--- An insert: the guard's rules for a new action, then each lane's head, set-based.
+-- An insert: the guard's rules for a new action, then each lane's head, set-based, then the
+-- claimers' wake-up (one function a statement where there were two).
 CREATE FUNCTION agent_action_inserted() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -46,11 +47,15 @@ BEGIN
        SET head_id = excluded.head_id, head_kind = excluded.head_kind,
            head_due_at = excluded.head_due_at
      WHERE l.head_id IS NULL OR l.head_id > excluded.head_id;
+    -- Wakes the claimers (LISTEN outbox_<schema>), as agent_action_notify did, now dropped.
+    PERFORM pg_notify('outbox_' || current_schema(), '');
     RETURN NULL;
 END;
 $$;
 
 DROP TRIGGER guard_agent_action ON agent_action;
+DROP TRIGGER agent_action_notify ON agent_action;
+DROP FUNCTION agent_action_notify();
 CREATE TRIGGER agent_action_inserted
     AFTER INSERT ON agent_action
     REFERENCING NEW TABLE AS new_actions

@@ -193,8 +193,9 @@ RETURNING a.*, a.lease_until - now() AS lease_left
 SELECT pg_advisory_xact_lock(2830, hashtext(%(schema)s))
 
 -- name: listen_enqueues
--- Wakes this connection on every enqueueing statement (trigger agent_action_notify). {channel}
--- is filled in as an identifier: outbox_<schema>.
+-- Wakes this connection on every enqueueing statement (trigger agent_action_inserted, 0004)
+-- and on every lane whose next action became due. {channel} is filled in as an identifier:
+-- outbox_<schema>.
 LISTEN {channel}
 
 -- name: begin_write
