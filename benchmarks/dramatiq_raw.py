@@ -60,7 +60,7 @@ def throughput(n: int) -> RawThroughput:
 
 
 def raw_n(scale: Scale) -> int:
-    return scale.n(3_000, 30_000, floor=50)
+    return scale.n(6_000, 30_000, floor=50)
 
 
 def measure(scale: Scale) -> RawCeiling:

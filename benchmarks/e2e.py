@@ -38,9 +38,9 @@ from outbox import Outbox
 
 #: Actions per enqueueing transaction (an application's batch job, say).
 PER_TX = 100
-#: Paired rounds of a default run (a quick run does one of each).
-ROUNDS = 5
-SINGLE_ROUNDS = 2
+#: Paired rounds of a quick and of a default run, of e2e and of e2e-single.
+ROUNDS = (3, 9)
+SINGLE_ROUNDS = (1, 3)
 
 
 @dataclass(frozen=True)
@@ -149,14 +149,13 @@ def _result(scenario: str, runs: list[Run], enqueue: str) -> Result:
 def run(scale: Scale) -> list[Result]:
     raw = dramatiq_raw.measure(scale)
     n = dramatiq_raw.raw_n(scale)
-    short = scale.quick or scale.factor < 1
     runs: list[Run] = []
-    for index in range(1 if short else ROUNDS):
+    for index in range(scale.n(*ROUNDS)):
         ceiling = raw.per_s if index == 0 else dramatiq_raw.throughput(n).per_s
         runs.append(run_once(n, ceiling, many=True))
     singles = [
         run_once(n, dramatiq_raw.throughput(n).per_s, many=False)
-        for _ in range(1 if short else SINGLE_ROUNDS)
+        for _ in range(scale.n(*SINGLE_ROUNDS))
     ]
     return [
         _result("e2e", runs, f"enqueue_many, {PER_TX} a transaction"),
