@@ -136,3 +136,11 @@ def bulk_enqueue(
             if i % 1000 == 999:
                 conn.commit()
         conn.commit()
+
+
+def ended_count(conn: psycopg.Connection[Any], schema: str) -> int:
+    """How many actions of the scenario's schema have ended (an autocommit connection)."""
+    row = conn.execute(
+        f'SELECT count(*) FROM "{schema}".agent_action WHERE ended_at IS NOT NULL'
+    ).fetchone()
+    return row[0] if row else 0

@@ -27,6 +27,7 @@ from benchmarks.common import (
     Result,
     Scale,
     bench_schema,
+    ended_count,
     migrated_outbox,
     ms,
     noop_request,
@@ -84,16 +85,13 @@ def run_once(n: int, ceiling_per_s: float, *, many: bool) -> Run:
         with psycopg.connect(DATABASE_URL, autocommit=True) as watch:
             table = f'"{schema}".agent_action'
 
-            def ended() -> int:
-                return watch.execute(
-                    f"SELECT count(*) FROM {table} WHERE ended_at IS NOT NULL"
-                ).fetchone()[0]
-
             cpu.start()
             started = time.perf_counter()
             _enqueue(outbox, n, many)
             enqueued = time.perf_counter()
-            done_at = wait_until(lambda: ended() >= n, 600, "e2e actions not ended", 0.02)
+            done_at = wait_until(
+                lambda: ended_count(watch, schema) >= n, 600, "e2e actions not ended", 0.02
+            )
             cpu.stop()
             states = dict(
                 watch.execute(f"SELECT state, count(*) FROM {table} GROUP BY state").fetchall()

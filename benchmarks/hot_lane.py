@@ -19,6 +19,7 @@ from benchmarks.common import (
     Result,
     Scale,
     bench_schema,
+    ended_count,
     migrated_outbox,
     ms,
     noop_request,
@@ -37,18 +38,14 @@ def run(scale: Scale) -> list[Result]:
         time.sleep(0.5)  # let the pool go idle
         table = f'"{schema}".agent_action'
         with psycopg.connect(DATABASE_URL, autocommit=True) as watch:
-
-            def ended() -> int:
-                return watch.execute(
-                    f"SELECT count(*) FROM {table} WHERE ended_at IS NOT NULL"
-                ).fetchone()[0]
-
             with psycopg.connect(DATABASE_URL) as conn:
                 requests = [noop_request(f"hot-{i}", "the-hot-lane", i) for i in range(n)]
                 outbox.enqueue_many(conn, requests)
                 conn.commit()
             started = time.perf_counter()
-            done_at = wait_until(lambda: ended() >= n, 600, "hot-lane actions not ended", 0.02)
+            done_at = wait_until(
+                lambda: ended_count(watch, schema) >= n, 600, "hot-lane actions not ended", 0.02
+            )
             rows = watch.execute(
                 f"SELECT state, extract(epoch FROM ended_at)::float8 FROM {table} ORDER BY id"
             ).fetchall()
