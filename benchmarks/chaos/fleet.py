@@ -47,6 +47,7 @@ class Fleet:
         self.cwd = cwd
         self.conn = conn
         self.table = f'"{watch}".process_end'
+        self.attempts = f'"{watch}".attempt'
         self.shape = {"claimer": claimers, "worker": workers}
         self.members: list[Member] = []
         self.kills: dict[str, int] = {"claimer": 0, "worker": 0}
@@ -80,9 +81,27 @@ class Fleet:
             (member.proc.pid, member.role, how, before, self._now()),
         )
 
-    def kill_one(self, rng: random.Random) -> Member:
-        """SIGKILLs a random member, records it, and starts its replacement (not waiting)."""
-        victim = rng.choice(self.members)
+    def pick(self, rng: random.Random) -> Member:
+        """A random member, the next victim."""
+        return rng.choice(self.members)
+
+    def writing(self, kind: str, for_at_least: float) -> list[Member]:
+        """Live workers that hold an attempt of ``kind`` whose fence passed and that has not
+        stopped, ``for_at_least`` seconds after it asked its fence: a SIGKILL of one of them
+        now lands between the fence and the finish. (An attempt still writing that long after
+        its fence is a slow one, a pause or a late reply, so it is still writing at the kill.)"""
+        workers = {m.proc.pid: m for m in self.members if m.role == "worker"}
+        rows = self.conn.execute(
+            f"SELECT DISTINCT pgid FROM {self.attempts}"
+            " WHERE kind = %s AND fence_passed AND stopped_at IS NULL AND pgid = ANY(%s)"
+            " AND fence_asked_at < clock_timestamp() - make_interval(secs => %s)"
+            " ORDER BY pgid",
+            (kind, list(workers), for_at_least),
+        ).fetchall()
+        return [workers[pgid] for (pgid,) in rows]
+
+    def kill(self, victim: Member) -> Member:
+        """SIGKILLs ``victim``, records it, and starts its replacement (not waiting)."""
         before = self._now()
         victim.proc.kill()
         self._record(victim, "SIGKILL", before)

@@ -23,7 +23,7 @@ import redis
 from benchmarks.chaos import checks, report, sink, tables, workload
 from benchmarks.chaos.app import SENDER
 from benchmarks.chaos.comments import COMMENT
-from benchmarks.chaos.fleet import Fleet
+from benchmarks.chaos.fleet import Fleet, Member
 from benchmarks.chaos.tables import Schemas
 from outbox import EMAIL, Outbox, erase_subject
 
@@ -34,6 +34,12 @@ DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
 #: Enqueue batches are this far apart; the actions are spread over ENQUEUE_SHARE of the run.
 BATCH_EVERY = 0.2
 ENQUEUE_SHARE = 0.75
+#: Every other worker kill, the first included, is aimed: it waits up to AIM_PATIENCE s for a
+#: worker that is sending an email past its fence (for AIM_AFTER_FENCE s already) and kills
+#: that one. Kills at random moments alone can all miss the at-most-once fence-to-finish
+#: window, and then the UNCERTAIN check has nothing to examine.
+AIM_PATIENCE = 1.5
+AIM_AFTER_FENCE = 0.05
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,8 @@ class Soak:
         self.outbox.declare(EMAIL, COMMENT)
         self.expected_erased: dict[str, set[int]] = {}
         self.by_account: dict[str, set[int]] = {}
+        #: Aimed worker kills that found an email past its fence.
+        self.aimed_hits = 0
 
     def log(self, text: str) -> None:
         print(f"[chaos {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
@@ -131,6 +139,7 @@ class Soak:
             evidence = checks.Evidence.load(watch, s, self.expected_erased)
             results, caused = checks.run_all(evidence)
             rows = report.happenings(evidence, caused, armed, int(left[0]) if left else 0)
+            rows.insert(4, ("  aimed at an email past its fence", self.aimed_hits))
             table = report.render(results, rows, time.monotonic() - started)
             return Outcome(results, dict(rows), table)
         finally:
@@ -183,6 +192,8 @@ class Soak:
         per_batch = -(-len(mix) // batches)
         erase_at = sorted(rng.uniform(0.2, 0.9) * span for _ in range(o.erasures))
         next_kill = t0 + o.kill_interval * rng.uniform(0.5, 1.5)
+        victim: Member | None = None
+        aimed, give_up = False, 0.0
         cursor = 0
         while True:
             now = time.monotonic()
@@ -195,10 +206,19 @@ class Soak:
             if erase_at and now - t0 >= erase_at[0]:
                 erase_at.pop(0)
                 self._erase(writer, watch)
-            if now >= next_kill and now - t0 < o.duration:
-                victim = fleet.kill_one(rng)
-                self.log(f"SIGKILL {victim.role} {victim.proc.pid}")
-                next_kill = now + o.kill_interval * rng.uniform(0.5, 1.5)
+            if victim is None and now >= next_kill and now - t0 < o.duration:
+                victim = fleet.pick(rng)
+                aimed = victim.role == "worker" and fleet.kills["worker"] % 2 == 0
+                give_up = now + (AIM_PATIENCE if aimed else 0.0)
+            if victim is not None:
+                writing = fleet.writing(EMAIL.name, AIM_AFTER_FENCE) if aimed else []
+                if writing or now >= give_up:
+                    victim = fleet.kill(rng.choice(writing) if writing else victim)
+                    self.aimed_hits += bool(writing)
+                    how = " (aimed: an email past its fence)" if writing else ""
+                    self.log(f"SIGKILL {victim.role} {victim.proc.pid}{how}")
+                    victim = None
+                    next_kill = now + o.kill_interval * rng.uniform(0.5, 1.5)
             time.sleep(0.02)
 
     def _enqueue(
