@@ -10,6 +10,7 @@ something.
 from __future__ import annotations
 
 import itertools
+import random
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 
 from benchmarks.chaos import checks
 from benchmarks.chaos.checks import Evidence
+from benchmarks.chaos.fleet import MAX_KILL_LEAD, Fleet, Member
 from benchmarks.chaos.soak import Options, run
 
 #: The soak's Redis database in the test suite (the soak flushes it; a manual run uses 11).
@@ -54,6 +56,17 @@ def test_short_soak_under_random_sigkills_keeps_every_guarantee(database_url: st
     assert int(happened["comment store errors injected / met"].split(" / ")[1]) > 0
     assert int(happened["accounts erased / actions erased"].split(" / ")[1]) > 0
     assert happened["actions enqueued"] == 2500 and happened["lanes"] >= 300
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_kill_picks_never_let_one_role_lead_by_more_than_the_bound(seed: int) -> None:
+    fleet = Fleet({}, ".", conn=None, watch="w")  # type: ignore[arg-type]
+    roles = ("claimer", "claimer", "worker", "worker")
+    fleet.members = [Member(role, proc=None) for role in roles]  # type: ignore[arg-type]
+    rng = random.Random(seed)
+    for _ in range(30):
+        fleet.kills[fleet.pick(rng).role] += 1
+        assert abs(fleet.kills["claimer"] - fleet.kills["worker"]) <= MAX_KILL_LEAD
 
 
 # -- the checks catch violations -------------------------------------------------------------

@@ -23,6 +23,8 @@ from outbox.dispatch.processes import OutboxProcess, start_claimer, start_worker
 APP = "benchmarks.chaos.app:make_outbox"
 #: Threads of each worker process (one attempt at a time per thread).
 WORKER_THREADS = 8
+#: How many more kills one role may have had than the other before the other is picked.
+MAX_KILL_LEAD = 3
 
 
 @dataclass
@@ -82,7 +84,11 @@ class Fleet:
         )
 
     def pick(self, rng: random.Random) -> Member:
-        """A random member, the next victim."""
+        """A random member, the next victim; of the other role once one role has had
+        MAX_KILL_LEAD more kills, so that a short run kills both roles."""
+        ahead = max(self.kills, key=lambda role: self.kills[role])
+        if self.kills[ahead] - min(self.kills.values()) >= MAX_KILL_LEAD:
+            return rng.choice([m for m in self.members if m.role != ahead])
         return rng.choice(self.members)
 
     def writing(self, kind: str, for_at_least: float) -> list[Member]:

@@ -218,7 +218,8 @@ class Soak:
                     how = " (aimed: an email past its fence)" if writing else ""
                     self.log(f"SIGKILL {victim.role} {victim.proc.pid}{how}")
                     victim = None
-                    next_kill = now + o.kill_interval * rng.uniform(0.5, 1.5)
+                    # From when it was due: an aimed kill's wait does not slow the cadence.
+                    next_kill += o.kill_interval * rng.uniform(0.5, 1.5)
             time.sleep(0.02)
 
     def _enqueue(
