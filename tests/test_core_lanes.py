@@ -162,7 +162,20 @@ def test_four_threads_claiming_ten_thousand_actions_run_each_once_in_lane_order(
 OPERATIONS = st.lists(
     st.tuples(
         st.sampled_from(
-            ["enqueue", "propose", "admit", "claim", "done", "retry", "erase", "expire"]
+            [
+                "enqueue",
+                "propose",
+                "admit",
+                "claim",
+                "done",
+                "retry",
+                "erase",
+                "expire",
+                # One statement over every lane, as claim_heads and finish_ends are: the lane
+                # refresh runs once a statement over all the lanes it moved (migration 0005).
+                "claim-every-lane",
+                "end-every-lane",
+            ]
         ),
         st.integers(min_value=0, max_value=3),  # which lane
     ),
@@ -180,7 +193,7 @@ def lane_db(make_outbox, database_url, schema):
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(operations=OPERATIONS)
 def test_lane_rows_always_equal_what_the_actions_say(lane_db, schema, operations):
@@ -223,6 +236,25 @@ def test_lane_rows_always_equal_what_the_actions_say(lane_db, schema, operations
                 "DELETE FROM agent_action WHERE id = (SELECT min(id) FROM agent_action"
                 " WHERE lane_key = %s AND state IN ('PROPOSED', 'ADMITTED', 'EXECUTING'))",
                 (lane,),
+            )
+        elif op == "claim-every-lane":
+            conn.execute(
+                "UPDATE agent_action a SET state = 'EXECUTING', epoch = epoch + 1,"
+                " attempt = attempt + 1, lease_until = now() + interval '1 minute'"
+                " FROM agent_action_lane l WHERE a.id = l.head_id"
+                " AND l.executing_id IS NULL AND a.state = 'ADMITTED'"
+            )
+        elif op == "end-every-lane":
+            # Some lanes' actions end, the others' are retried, in one statement.
+            conn.execute(
+                "UPDATE agent_action SET"
+                " state = CASE WHEN mod(id, 2) = 0 THEN 'DONE' ELSE 'ADMITTED' END,"
+                " stop_reason = CASE WHEN mod(id, 2) = 0 THEN 'DONE' END,"
+                " payload = CASE WHEN mod(id, 2) = 0 THEN NULL ELSE payload END,"
+                " ended_at = CASE WHEN mod(id, 2) = 0 THEN now() END,"
+                " lease_until = CASE WHEN mod(id, 2) = 0 THEN lease_until END,"
+                " available_at = CASE WHEN mod(id, 2) = 0 THEN available_at ELSE now() END"
+                " WHERE state = 'EXECUTING'"
             )
         elif op == "expire":
             conn.execute(
