@@ -16,7 +16,16 @@ import redis
 from benchmarks import apps
 from benchmarks.common import REDIS_URL, Result, Scale, ms, percentile
 from benchmarks.cpu import CpuMeter
-from benchmarks.rig import IN_FLIGHT, PROCESSES, THREADS, WORKER_TIMEOUT_MS, paced, rig, wait_until
+from benchmarks.rig import (
+    IDLE_SETTLE,
+    IN_FLIGHT,
+    PROCESSES,
+    THREADS,
+    WORKER_TIMEOUT_MS,
+    paced,
+    rig,
+    wait_until,
+)
 
 #: Messages a second of the paced (latency) run.
 PACE = 100.0
@@ -75,7 +84,7 @@ def measure(scale: Scale) -> RawCeiling:
         client = redis.Redis.from_url(REDIS_URL)
         r.stack.callback(client.close)
         r.raw_workers()
-        time.sleep(0.5)  # idle, as the latency scenario's pool is
+        time.sleep(IDLE_SETTLE)  # idle, as the latency scenario's pool is
         for _ in paced(paced_n, PACE):
             actor.send(time.time())
         wait_until(lambda: int(client.get(apps.RAW_DONE_KEY) or 0) >= paced_n, 60, "paced")

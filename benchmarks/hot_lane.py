@@ -33,9 +33,7 @@ def run(scale: Scale) -> list[Result]:
     n = scale.n(200, 1_000, floor=20)
     with bench_schema("hot_lane") as schema, rig(schema) as r:
         outbox = migrated_outbox(schema)
-        r.outbox_workers()
-        r.claimer()
-        time.sleep(0.5)  # let the pool go idle
+        r.idle_outbox()
         table = f'"{schema}".agent_action'
         with psycopg.connect(DATABASE_URL, autocommit=True) as watch:
             with psycopg.connect(DATABASE_URL) as conn:

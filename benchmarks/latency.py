@@ -32,11 +32,9 @@ def run(scale: Scale) -> list[Result]:
     committed: dict[int, float] = {}
     with bench_schema("latency") as schema, rig(schema, BENCH_RECORD_STARTS="1") as r:
         outbox = migrated_outbox(schema)
-        r.outbox_workers()
-        r.claimer()
         client = redis.Redis.from_url(REDIS_URL)
         r.stack.callback(client.close)
-        time.sleep(0.5)  # let the pool go idle
+        r.idle_outbox()
         with psycopg.connect(DATABASE_URL) as conn:
             for i in paced(n, dramatiq_raw.PACE):
                 action = outbox.enqueue(

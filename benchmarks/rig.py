@@ -38,6 +38,8 @@ IN_FLIGHT = PROCESSES * THREADS * ACTIONS_PER_MESSAGE
 #: which alone would put an idle pool's p50 latency in the hundreds of ms); the price is a few
 #: hundred cheap Redis calls a second while idle.
 WORKER_TIMEOUT_MS = 10
+#: Seconds a freshly started pool is left alone before a latency scenario starts timing.
+IDLE_SETTLE = 0.5
 
 
 @dataclass
@@ -72,6 +74,13 @@ class Rig:
 
     def claimer(self) -> OutboxProcess:
         return self._keep(start_claimer(APP, self.env(), cwd=REPO))
+
+    def idle_outbox(self) -> None:
+        """Outbox workers and a claimer, then a pause so that the pool is idle when the
+        scenario's first action arrives (the latency scenarios time single actions)."""
+        self.outbox_workers()
+        self.claimer()
+        time.sleep(IDLE_SETTLE)
 
     def raw_workers(self) -> OutboxProcess:
         argv = [sys.executable, "-m", "dramatiq", RAW_APP]

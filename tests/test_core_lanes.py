@@ -171,8 +171,8 @@ OPERATIONS = st.lists(
                 "retry",
                 "erase",
                 "expire",
-                # One statement over every lane, as claim_heads and finish_ends are: the lane
-                # refresh runs once a statement over all the lanes it moved (migration 0005).
+                # One statement over every lane, as claim_heads and finish_ends are: each lane's
+                # refresh must see what the statement did to the other rows.
                 "claim-every-lane",
                 "end-every-lane",
             ]

@@ -9,7 +9,7 @@ from benchmarks.chaos.checks import Check, Evidence
 
 
 def happenings(
-    ev: Evidence, caused: dict[int, int], faults_armed: int, faults_left: int
+    ev: Evidence, caused: dict[int, int], faults_armed: int, faults_left: int, aimed_hits: int
 ) -> list[tuple[str, Any]]:
     """The numbers that say the soak exercised what it claims to: kills, kills inside the
     fence-to-finish window, retries from injected faults, reclaims, erasures, expiries."""
@@ -37,6 +37,7 @@ def happenings(
         ("lanes", len({e["lane"] for e in ev.enqueued.values()})),
         ("attempts recorded", len(ev.attempts)),
         ("SIGKILLs (claimer / worker)", f"{roles['claimer']} / {roles['worker']}"),
+        ("  aimed at an email past its fence", aimed_hits),
         ("attempts cut by a kill", len(cut)),
         ("  of them after the fence", len(after_fence)),
         ("kills between the adapter's return and its finish", len(returned)),

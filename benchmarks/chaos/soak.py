@@ -138,8 +138,9 @@ class Soak:
             ).fetchone()
             evidence = checks.Evidence.load(watch, s, self.expected_erased)
             results, caused = checks.run_all(evidence)
-            rows = report.happenings(evidence, caused, armed, int(left[0]) if left else 0)
-            rows.insert(4, ("  aimed at an email past its fence", self.aimed_hits))
+            rows = report.happenings(
+                evidence, caused, armed, int(left[0]) if left else 0, self.aimed_hits
+            )
             table = report.render(results, rows, time.monotonic() - started)
             return Outcome(results, dict(rows), table)
         finally:
@@ -213,10 +214,10 @@ class Soak:
             if victim is not None:
                 writing = fleet.writing(EMAIL.name, AIM_AFTER_FENCE) if aimed else []
                 if writing or now >= give_up:
-                    victim = fleet.kill(rng.choice(writing) if writing else victim)
+                    killed = fleet.kill(rng.choice(writing) if writing else victim)
                     self.aimed_hits += bool(writing)
                     how = " (aimed: an email past its fence)" if writing else ""
-                    self.log(f"SIGKILL {victim.role} {victim.proc.pid}{how}")
+                    self.log(f"SIGKILL {killed.role} {killed.proc.pid}{how}")
                     victim = None
                     # From when it was due: an aimed kill's wait does not slow the cadence.
                     next_kill += o.kill_interval * rng.uniform(0.5, 1.5)
