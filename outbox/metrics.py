@@ -86,6 +86,20 @@ IN_FLIGHT = Gauge(
     ["kind", "queue"],
     multiprocess_mode="livemostrecent",
 )
+UNCONSUMED = Gauge(
+    "outbox_claims_unconsumed",
+    "Claims whose lease ran out before any worker took their message, by kind: above 0, the "
+    "worker pool is down or lost messages, and claimers claim nothing new of that kind",
+    ["kind"],
+    multiprocess_mode="livemostrecent",
+)
+CLAIMING_STALLED = Gauge(
+    "outbox_claimer_stalled",
+    "1 while this claimer claims nothing new of a kind because no worker took its claims "
+    "within their lease (it pushes one probe at a time), else 0",
+    ["kind"],
+    multiprocess_mode="livemax",
+)
 BLOCKED_LANES = Gauge(
     "outbox_lanes_blocked",
     "Lanes whose head waits for a retry while later actions wait behind it, by the head's kind",
@@ -102,6 +116,11 @@ def set_backlog_gauges(backlog: Backlog) -> None:
         OLDEST_DUE_AGE.labels(kind=item.kind).set(item.oldest_due_age)
         IN_FLIGHT.labels(kind=item.kind, queue=item.queue).set(item.in_flight)
         BLOCKED_LANES.labels(kind=item.kind).set(item.blocked_lanes)
+        UNCONSUMED.labels(kind=item.kind).set(item.unconsumed)
+
+
+def set_claiming_stalled(kind: str, stalled: bool) -> None:
+    CLAIMING_STALLED.labels(kind=kind).set(1 if stalled else 0)
 
 
 async def refresh_backlog_gauges(store: Store) -> Backlog:

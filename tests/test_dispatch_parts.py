@@ -140,7 +140,7 @@ async def test_a_message_is_taken_once_per_epoch_and_never_with_a_stale_epoch(
     )
     [action_id] = _enqueue(outbox, kind, 1)
     async with outbox.store() as store:
-        [claimed] = await store.claim({kind: 1}, outbox.settings.lease)
+        [claimed] = await store.claim({kind: 1}, outbox.settings.lease, take=False)
         epoch = claimed.action.epoch
         assert await store.take_attempt(action_id, epoch - 1) is None
         taken = await store.take_attempt(action_id, epoch)
