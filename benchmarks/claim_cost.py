@@ -92,7 +92,9 @@ def time_claims(schema: str, runs: int) -> tuple[list[float], int, int]:
         for i in range(runs + 1):
             with conn.transaction(force_rollback=True):
                 started = time.perf_counter()
-                rows = run_sync(conn, claim_operation(schema, {NOOP.name: BATCH}, LEASE, take=False))
+                rows = run_sync(
+                    conn, claim_operation(schema, {NOOP.name: BATCH}, LEASE, take=False)
+                )
                 took = time.perf_counter() - started
             if i:  # the first run warms the caches and the plan
                 seconds.append(took)
