@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-PROBES = '''
+PROBES = """
 def test_needs_postgresql(database_url):
     pass
 
@@ -28,7 +28,7 @@ def test_needs_rabbitmq(rabbitmq_url):
 
 def test_needs_nothing():
     pass
-'''
+"""
 
 
 def closed_port() -> int:
