@@ -38,9 +38,9 @@ class Settings:
     #: Per kind (queue), most actions claimed and not yet finished: the worker pool's capacity.
     in_flight: int = 64
     #: Most ``(action_id, epoch)`` pairs one Dramatiq message carries. A claim round's actions
-    #: of one kind share messages, which a worker runs concurrently on its event loop: Dramatiq's
-    #: own cost a message (consume, decode, ack) was most of a worker's CPU. 1 = one message
-    #: an action.
+    #: of one kind share messages, which a worker runs concurrently on its event loop, so
+    #: Dramatiq's own cost a message (consume, decode, ack) is paid once for several actions.
+    #: 1 = one message an action.
     actions_per_message: int = 8
     #: Retry backoff: base * 2^(attempt-1), capped, with jitter, unless the adapter gives a wait.
     retry_base: timedelta = timedelta(seconds=5)

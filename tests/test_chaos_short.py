@@ -14,6 +14,7 @@ import random
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 
@@ -23,11 +24,13 @@ from benchmarks.chaos.fleet import MAX_KILL_LEAD, Fleet, Member
 from benchmarks.chaos.soak import Options, run
 
 #: The soak's Redis database in the test suite (the soak flushes it; a manual run uses 11).
-BROKER_URL = "redis://127.0.0.1:6379/12"
+BROKER_DB = "/12"
 
 
 @pytest.mark.slow
-def test_short_soak_under_random_sigkills_keeps_every_guarantee(database_url: str) -> None:
+def test_short_soak_under_random_sigkills_keeps_every_guarantee(
+    database_url: str, redis_url: str
+) -> None:
     outcome = run(
         Options(
             actions=2500,
@@ -36,7 +39,7 @@ def test_short_soak_under_random_sigkills_keeps_every_guarantee(database_url: st
             seed=3,
             erasures=4,
             database_url=database_url,
-            broker_url=BROKER_URL,
+            broker_url=urlparse(redis_url)._replace(path=BROKER_DB).geturl(),
         )
     )
     print("\n" + outcome.table)

@@ -1,5 +1,8 @@
 """The guard trigger and ActionState agree on every ordered pair of states, and the trigger
-refuses what SPEC.md says it refuses, whoever writes the SQL."""
+refuses, whoever writes the SQL, every row the lifecycle forbids: an illegal transition, a change
+to an ended row, an unknown kind, a missing workspace for a workspace-level kind, an epoch that
+does not rise by exactly one on a claim, a fence on a waiting action, a second executing action
+in a lane, and a reclaim of an at-most-once action whose write started."""
 
 from __future__ import annotations
 
