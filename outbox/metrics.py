@@ -227,4 +227,7 @@ class MetricsExposition(Middleware):
 
     @property
     def forks(self) -> list:
-        return [serve_metrics_fork]
+        # A module of its own, whose import applies the log format in the fork process.
+        from outbox.dispatch.metrics_fork import serve_metrics
+
+        return [serve_metrics]
