@@ -33,21 +33,79 @@ BEGIN
         RAISE EXCEPTION 'guard_agent_action: kind % is not instance-level, workspace_id is required',
             bad.kind USING ERRCODE = 'check_violation';
     END IF;
-    -- Ids rise, so a new action becomes the head only of a lane without one (or, when
-    -- transactions commit out of id order, of a lane whose head is younger). Lane rows are
-    -- locked in lane_key order, so two batches over the same lanes cannot deadlock here.
-    INSERT INTO agent_action_lane AS l (lane_key, head_id, head_kind, head_due_at)
-    SELECT DISTINCT ON (n.lane_key)
-           n.lane_key, n.id, n.kind, CASE WHEN n.state = 'ADMITTED' THEN n.available_at END
-      FROM new_actions n
-     ORDER BY n.lane_key, n.id
-    ON CONFLICT (lane_key) DO UPDATE
-       SET head_id = excluded.head_id, head_kind = excluded.head_kind,
-           head_due_at = excluded.head_due_at
-     WHERE l.head_id IS NULL OR l.head_id > excluded.head_id;
-    -- Wakes the claimers (LISTEN outbox_<schema>), as agent_action_notify did, now dropped.
+    INSERT INTO agent_action_lane_intake (lane_key) SELECT DISTINCT n.lane_key FROM new_actions n;
     PERFORM pg_notify('outbox_' || current_schema(), '');
     RETURN NULL;
+END;
+$$;
+
+-- function agent_action_lane_intake(integer)
+
+CREATE FUNCTION outbox.agent_action_lane_intake(p_limit integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox'
+    AS $$
+DECLARE
+    batch bigint[];
+    keys text[];
+    holds timestamptz[];
+    fresh text[];
+    folded text[] := '{}';
+    lane record;
+    n integer;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(2831, hashtext(current_schema())) THEN
+        RETURN 0;
+    END IF;
+    SELECT array_agg(i.seq) INTO batch
+      FROM (SELECT seq FROM agent_action_lane_intake ORDER BY seq LIMIT p_limit) i;
+    IF batch IS NULL THEN
+        RETURN 0;
+    END IF;
+    SELECT array_agg(k.lane_key ORDER BY k.lane_key), array_agg(k.hold ORDER BY k.lane_key)
+      INTO keys, holds
+      FROM (SELECT i.lane_key, max(i.busy_until) AS hold
+              FROM agent_action_lane_intake i
+             WHERE i.seq = ANY (batch)
+             GROUP BY i.lane_key) k;
+
+    SELECT coalesce(array_agg(k.lane_key), '{}') INTO fresh
+      FROM unnest(keys) AS k(lane_key)
+     WHERE NOT EXISTS (SELECT 1 FROM agent_action_lane l WHERE l.lane_key = k.lane_key);
+    INSERT INTO agent_action_lane (lane_key, head_id, head_kind, head_due_at)
+    SELECT f.lane_key, h.id, h.kind, CASE WHEN h.state = 'ADMITTED' THEN h.available_at END
+      FROM unnest(fresh) AS f(lane_key)
+      JOIN LATERAL (SELECT a.id, a.kind, a.state, a.available_at
+                      FROM agent_action a
+                     WHERE a.lane_key = f.lane_key AND a.state IN ('PROPOSED', 'ADMITTED')
+                     ORDER BY a.id
+                     LIMIT 1) h ON true
+     ORDER BY f.lane_key
+    ON CONFLICT (lane_key) DO NOTHING;
+    -- A lane whose actions all ended or were erased before this intake needs no row.
+    folded := fresh;
+
+    FOR lane IN
+        SELECT l.lane_key, k.hold
+          FROM agent_action_lane l
+          JOIN unnest(keys, holds) AS k(lane_key, hold) ON k.lane_key = l.lane_key
+         WHERE NOT (l.lane_key = ANY (fresh))
+         ORDER BY l.lane_key
+           FOR UPDATE OF l SKIP LOCKED
+    LOOP
+        IF lane.hold IS NOT NULL THEN
+            UPDATE agent_action_lane
+               SET busy_until = greatest(busy_until, lane.hold)
+             WHERE lane_key = lane.lane_key;
+        END IF;
+        PERFORM agent_action_lane_refresh(lane.lane_key);
+        folded := folded || lane.lane_key;
+    END LOOP;
+
+    DELETE FROM agent_action_lane_intake
+     WHERE seq = ANY (batch) AND lane_key = ANY (folded);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
 END;
 $$;
 
@@ -101,34 +159,17 @@ CREATE FUNCTION outbox.agent_action_lane_track() RETURNS trigger
     SET search_path TO 'outbox'
     AS $$
 BEGIN
-    IF TG_OP = 'INSERT' THEN
-        -- Ids rise, so a new action becomes the head only of a lane without one (or, when
-        -- transactions commit out of id order, of a lane whose head is younger).
-        INSERT INTO agent_action_lane AS l (lane_key, head_id, head_kind, head_due_at)
-        VALUES (NEW.lane_key, NEW.id, NEW.kind,
-                CASE WHEN NEW.state = 'ADMITTED' THEN NEW.available_at END)
-        ON CONFLICT (lane_key) DO UPDATE
-           SET head_id = excluded.head_id, head_kind = excluded.head_kind,
-               head_due_at = excluded.head_due_at
-         WHERE l.head_id IS NULL OR l.head_id > excluded.head_id;
-        RETURN NULL;
-    ELSIF TG_OP = 'DELETE' THEN
-        IF OLD.state = 'EXECUTING' AND OLD.write_started_at IS NOT NULL THEN
-            -- The erased attempt may still be writing: hold the lane until its lease ends.
-            INSERT INTO agent_action_lane AS l (lane_key, busy_until)
-            VALUES (OLD.lane_key, OLD.lease_until)
-            ON CONFLICT (lane_key) DO UPDATE
-               SET busy_until = greatest(l.busy_until, excluded.busy_until);
-        END IF;
-        IF OLD.state IN ('PROPOSED', 'ADMITTED', 'EXECUTING') THEN
-            PERFORM agent_action_lane_refresh(OLD.lane_key);
-        END IF;
-        RETURN NULL;
-    END IF;
-    -- UPDATE: only a change of state, or of a waiting action's due time, moves a lane.
-    IF NEW.state IS DISTINCT FROM OLD.state
-       OR (NEW.state = 'ADMITTED' AND NEW.available_at IS DISTINCT FROM OLD.available_at) THEN
+    IF TG_OP = 'DELETE' THEN
+        -- An erasure. A write that passed its fence may still be running: its lane stays held
+        -- until the attempt's lease ends.
+        INSERT INTO agent_action_lane_intake (lane_key, busy_until)
+        VALUES (OLD.lane_key,
+                CASE WHEN OLD.state = 'EXECUTING' AND OLD.write_started_at IS NOT NULL
+                     THEN OLD.lease_until END);
+    ELSIF NEW.state = 'EXECUTING' OR OLD.state = 'EXECUTING' THEN
         PERFORM agent_action_lane_refresh(NEW.lane_key);
+    ELSE
+        INSERT INTO agent_action_lane_intake (lane_key) VALUES (NEW.lane_key);
     END IF;
     RETURN NULL;
 END;
@@ -144,23 +185,6 @@ DECLARE
     ended constant text[] := ARRAY['DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED'];
     allowed boolean;
 BEGIN
-    IF TG_OP = 'INSERT' THEN
-        IF NEW.state NOT IN ('PROPOSED', 'ADMITTED') THEN
-            RAISE EXCEPTION 'guard_agent_action: a new action starts PROPOSED or ADMITTED, not %',
-                NEW.state USING ERRCODE = 'check_violation';
-        END IF;
-        IF NEW.epoch <> 0 OR NEW.attempt <> 0 THEN
-            RAISE EXCEPTION 'guard_agent_action: a new action starts at epoch 0 and attempt 0'
-                USING ERRCODE = 'check_violation';
-        END IF;
-        IF NEW.workspace_id IS NULL AND NOT coalesce(
-            (SELECT k.instance_level FROM agent_action_kind k WHERE k.name = NEW.kind), true) THEN
-            RAISE EXCEPTION 'guard_agent_action: kind % is not instance-level, workspace_id is required',
-                NEW.kind USING ERRCODE = 'check_violation';
-        END IF;
-        RETURN NEW;
-    END IF;
-
     IF OLD.state = ANY (ended) THEN
         RAISE EXCEPTION 'guard_agent_action: action % ended % and never changes', OLD.id, OLD.state
             USING ERRCODE = 'check_violation';
@@ -186,14 +210,15 @@ BEGIN
             USING ERRCODE = 'check_violation';
     END IF;
 
-    -- A claim is the only change of epoch, and every claim raises it (and the attempt) by one.
+    -- A claim is the only change of epoch, and every claim raises it by one.
     IF NEW.epoch IS DISTINCT FROM OLD.epoch OR (NEW.state = 'EXECUTING' AND OLD.state <> 'EXECUTING') THEN
         IF NEW.state <> 'EXECUTING' OR NEW.epoch IS DISTINCT FROM OLD.epoch + 1 THEN
             RAISE EXCEPTION 'guard_agent_action: action % epoch % -> %: the epoch rises by exactly one, and only on a claim',
                 OLD.id, OLD.epoch, NEW.epoch USING ERRCODE = 'check_violation';
         END IF;
-        IF NEW.attempt IS DISTINCT FROM OLD.attempt + 1 THEN
-            RAISE EXCEPTION 'guard_agent_action: action % attempt % -> %: a claim raises the attempt by one',
+        IF NEW.attempt IS DISTINCT FROM OLD.attempt
+           AND NOT (NEW.attempt = OLD.attempt + 1 AND NEW.taken_epoch IS NOT DISTINCT FROM NEW.epoch) THEN
+            RAISE EXCEPTION 'guard_agent_action: action % attempt % -> %: a claim leaves the attempt as it is, unless it is also the take (then one more)',
                 OLD.id, OLD.attempt, NEW.attempt USING ERRCODE = 'check_violation';
         END IF;
         IF OLD.state = 'EXECUTING' AND OLD.write_started_at IS NOT NULL AND
@@ -229,6 +254,7 @@ CREATE TABLE outbox.agent_action (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     ended_at timestamp with time zone,
     taken_epoch bigint,
+    retry_reason text,
     CONSTRAINT ck_agent_action_counters CHECK (((attempt >= 0) AND (epoch >= 0))),
     CONSTRAINT ck_agent_action_ended_at CHECK (((state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) = (ended_at IS NOT NULL))),
     CONSTRAINT ck_agent_action_executing_leased CHECK (((state <> 'EXECUTING'::text) OR (lease_until IS NOT NULL))),
@@ -273,6 +299,25 @@ CREATE TABLE outbox.agent_action_lane (
     busy_until timestamp with time zone
 );
 
+-- table agent_action_lane_intake
+
+CREATE TABLE outbox.agent_action_lane_intake (
+    seq bigint NOT NULL,
+    lane_key text NOT NULL,
+    busy_until timestamp with time zone
+);
+
+-- sequence agent_action_lane_intake_seq_seq
+
+ALTER TABLE outbox.agent_action_lane_intake ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME outbox.agent_action_lane_intake_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 -- table outbox_migration
 
 CREATE TABLE outbox.outbox_migration (
@@ -285,6 +330,11 @@ CREATE TABLE outbox.outbox_migration (
 
 ALTER TABLE ONLY outbox.agent_action_kind
     ADD CONSTRAINT agent_action_kind_pkey PRIMARY KEY (name);
+
+-- constraint agent_action_lane_intake agent_action_lane_intake_pkey
+
+ALTER TABLE ONLY outbox.agent_action_lane_intake
+    ADD CONSTRAINT agent_action_lane_intake_pkey PRIMARY KEY (seq);
 
 -- constraint agent_action_lane agent_action_lane_pkey
 
