@@ -42,11 +42,20 @@ ENDED = Counter(
     ["kind", "state", "reason"],
 )
 
+MALFORMED = Counter(
+    "outbox_malformed_messages",
+    "Messages on an outbox queue that were not (action_id, epoch) pairs, dropped, by kind",
+    ["kind"],
+)
 
 # Label children by their values: ``.labels()`` validates and locks on every call, and each
 # attempt counts once or twice. A handful of kinds x results x states keeps these small.
 _attempt_children: dict[tuple[str, str, bool], Any] = {}
 _ended_children: dict[tuple[str, str, str], Any] = {}
+
+
+def record_malformed_message(kind: str) -> None:
+    MALFORMED.labels(kind=kind).inc()
 
 
 def record_attempt(kind: str, result: str, recorded: bool) -> None:
