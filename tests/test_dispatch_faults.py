@@ -404,3 +404,15 @@ async def test_released_claims_are_due_again_unless_taken_or_of_another_epoch(
         assert row["epoch"] == pairs[action_id], "a release never moves the epoch"
         assert row["available_at"] <= db_now["now"]
     assert {rows[taken]["state"], rows[stale]["state"]} == {"EXECUTING"}
+
+
+def test_claim_and_push_bounds_must_be_positive_and_come_from_the_environment() -> None:
+    from outbox import ConfigurationError, Settings
+
+    settings = Settings.from_env(
+        {"OUTBOX_CLAIM_LOCK_TIMEOUT_SECONDS": "3", "OUTBOX_PUSH_TIMEOUT_SECONDS": "0.5"}
+    )
+    assert settings.claim_lock_timeout == timedelta(seconds=3)
+    assert settings.push_timeout == timedelta(seconds=0.5)
+    with pytest.raises(ConfigurationError, match="claim_idle_timeout"):
+        Settings(claim_idle_timeout=timedelta(0))
