@@ -58,6 +58,19 @@ class Settings:
     poll_interval: timedelta = timedelta(seconds=1)
     #: Housekeeping (lost leases, expiry, retention) runs this often in the claimer.
     housekeeping_interval: timedelta = timedelta(seconds=5)
+    #: Longest a claim round waits for the claim lock another claimer holds; the round then
+    #: gives up, logs the wait, and tries again.
+    claim_lock_timeout: timedelta = timedelta(seconds=2)
+    #: Longest a claim transaction may sit idle between its statements (a claimer paused, or cut
+    #: off, while it holds the claim lock): the server then ends that claimer's session, which
+    #: frees the lock and rolls its claim back.
+    claim_idle_timeout: timedelta = timedelta(seconds=1)
+    #: Longest one statement of a claim round may run.
+    claim_statement_timeout: timedelta = timedelta(seconds=5)
+    #: A push to the broker (and a broker check) that takes longer counts as failed: the
+    #: claims it carried are given back at once, and the claimer claims nothing more until the
+    #: broker answers again.
+    push_timeout: timedelta = timedelta(seconds=5)
     #: Connections in each process's pool.
     pool_size: int = 10
     #: Port of the Prometheus endpoint (0 = none).
@@ -72,6 +85,14 @@ class Settings:
             raise ConfigurationError(
                 f"write_margin ({self.write_margin}) must be shorter than the lease ({self.lease})"
             )
+        for name in (
+            "claim_lock_timeout",
+            "claim_idle_timeout",
+            "claim_statement_timeout",
+            "push_timeout",
+        ):
+            if getattr(self, name) <= timedelta(0):
+                raise ConfigurationError(f"{name} must be more than 0 seconds")
         for name in ("batch_size", "in_flight", "actions_per_message", "pool_size"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{env_name(name)}: must be >= 1")

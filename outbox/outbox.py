@@ -16,6 +16,7 @@ from outbox import enqueuing as _enqueue
 from outbox.action import Action
 from outbox.adapter import ActionAdapter
 from outbox.config import Settings
+from outbox.connecting import CONNECTION_OPTIONS
 from outbox.errors import AdapterAlreadyRegistered, KindConflictError
 from outbox.executor import ActionExecutor, Outcome
 from outbox.kinds import BUILTIN_KINDS, ActionKind
@@ -108,7 +109,7 @@ class Outbox:
             self.settings.require_database_url(),
             min_size=1,
             max_size=self.settings.pool_size,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, **CONNECTION_OPTIONS},
             open=False,
         )
         await own.open(wait=True)

@@ -212,13 +212,22 @@ def test_one_message_of_several_pairs_runs_each_once_and_drops_its_twin_and_stal
     async def claim() -> dict[int, int]:
         async with outbox.store() as store:
             claimed = await store.claim({rig.rb: 3}, outbox.settings.lease, take=False)
-            return {c.action.id: c.action.epoch for c in claimed}
+            epochs = {c.action.id: c.action.epoch for c in claimed}
+            # The stale action's lease ends and it is reclaimed: its first epoch no longer holds.
+            async with store.connection() as conn:
+                await conn.execute(
+                    f'UPDATE "{rig.schema}".agent_action SET lease_until = now() WHERE id = %s',
+                    (stale,),
+                )
+            [again] = await store.claim({rig.rb: 1}, outbox.settings.lease, take=False)
+            assert again.action.id == stale and again.action.epoch == epochs[stale] + 1
+            return epochs
 
     epochs = asyncio.run(claim())
     pairs = [
         (first, epochs[first]),
         (first, epochs[first]),  # a twin inside the message
-        (stale, epochs[stale] - 1),  # an epoch that no longer holds
+        (stale, epochs[stale]),  # an epoch that no longer holds
         (last, epochs[last]),
     ]
     dispatch.broker.enqueue(dispatch.message(rig.rb, pairs))
