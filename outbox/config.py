@@ -9,6 +9,7 @@ from typing import Any
 
 from outbox.errors import ConfigurationError
 from outbox.queries import validate_schema
+from outbox.request_checks import DEFAULT_MAX_PAYLOAD_BYTES
 
 #: The prefix of every environment variable the outbox reads.
 ENV_PREFIX = "OUTBOX_"
@@ -55,6 +56,9 @@ class Settings:
     pool_size: int = 10
     #: Port of the Prometheus endpoint (0 = none).
     metrics_port: int = 0
+    #: Largest payload an enqueue accepts, in bytes of its compact UTF-8 JSON. A payload holds
+    #: identifiers the adapter reads the rest by; a larger one is refused (InvalidActionRequest).
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -62,7 +66,13 @@ class Settings:
             raise ConfigurationError(
                 f"write_margin ({self.write_margin}) must be shorter than the lease ({self.lease})"
             )
-        for name in ("batch_size", "in_flight", "actions_per_message", "pool_size"):
+        for name in (
+            "batch_size",
+            "in_flight",
+            "actions_per_message",
+            "pool_size",
+            "max_payload_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name} must be >= 1")
 
@@ -94,6 +104,18 @@ class Settings:
             values["database_url"] = env["DATABASE_URL"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def max_payload_bytes_from_env(environ: dict[str, str] | None = None) -> int:
+    """``OUTBOX_MAX_PAYLOAD_BYTES`` (or the default), for an enqueue that was given no limit:
+    read on each call, which costs far less than one round trip."""
+    raw = (os.environ if environ is None else environ).get(f"{ENV_PREFIX}MAX_PAYLOAD_BYTES")
+    if raw is None:
+        return DEFAULT_MAX_PAYLOAD_BYTES
+    value = int(_number("max_payload_bytes", raw))
+    if value < 1:
+        raise ConfigurationError(f"{ENV_PREFIX}MAX_PAYLOAD_BYTES must be >= 1")
+    return value
 
 
 def _number(name: str, raw: str) -> float:
