@@ -21,6 +21,7 @@ from outbox.config import max_payload_bytes_from_env
 from outbox.errors import ActionNotFound, IllegalTransition, InvalidActionRequest, UnknownKindError
 from outbox.queries import queries_for
 from outbox.request import ActionRequest, as_text
+from outbox.request_checks import utc
 from outbox.state import ActionState, StopReason
 
 #: The schema used when a call names none: ``OUTBOX_SCHEMA`` or ``outbox``.
@@ -52,7 +53,7 @@ def _params(request: ActionRequest, payload: bytes) -> dict[str, Any]:
         "payload": Jsonb(payload, dumps=_already_encoded),
         "subject_account_id": as_text(request.subject_account_id),
         "max_attempts": request.max_attempts,
-        "expires_at": request.expires_at,
+        "expires_at": utc(request.expires_at),
     }
 
 

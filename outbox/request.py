@@ -10,6 +10,7 @@ from outbox.errors import InvalidActionRequest
 from outbox.kinds import ActionKind, is_kind_name
 from outbox.request_checks import (
     DEFAULT_MAX_PAYLOAD_BYTES,
+    check_expires_at,
     check_max_attempts,
     check_text,
     encoded_payload,
@@ -67,11 +68,7 @@ class ActionRequest:
             )
         payload = encoded_payload(self.payload, max_payload_bytes)
         check_max_attempts(self.max_attempts)
-        expires_at = self.expires_at
-        if expires_at is not None and (
-            not isinstance(expires_at, datetime) or expires_at.utcoffset() is None
-        ):
-            raise InvalidActionRequest("expires_at", "must be a timezone-aware datetime")
+        check_expires_at(self.expires_at)
         for name in ("workspace_id", "subject_account_id"):
             value = getattr(self, name)
             if value is None:

@@ -7,6 +7,7 @@ Every value the enqueue statement sends is checked here first, so that bad input
 - text (kind, lane and idempotency keys, workspace and account ids): valid Unicode (no lone
   surrogates), no NUL (PostgreSQL's ``text`` cannot hold one), at most ``MAX_KEY_BYTES`` in UTF-8;
 - ``max_attempts``: 1 to ``MAX_ATTEMPTS``;
+- ``expires_at``: timezone-aware, before ``EXPIRES_AT_LIMIT`` (the year 9999);
 - ``payload``: JSON that reads back equal to what was given (no NaN or infinity, no tuples, no
   non-string keys, no other types), no NUL and no lone surrogate in any string or key, and at
   most ``max_payload_bytes`` as compact UTF-8 JSON.
@@ -18,6 +19,7 @@ one is walked in Python to say where it is bad.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from outbox.errors import InvalidActionRequest
@@ -30,6 +32,9 @@ MAX_KEY_BYTES = 1024
 #: Most attempts an action may allow. The column is a 32-bit integer; past a thousand attempts
 #: (over 40 days of hourly retries at the default backoff cap) a retry loop is a bug, not a plan.
 MAX_ATTEMPTS = 1000
+#: ``expires_at`` must be earlier: a later time, read back in some time zone, can fall past the
+#: year 9999 that Python's datetime ends with, and the enqueued action could not be returned.
+EXPIRES_AT_LIMIT = datetime(9999, 1, 1, tzinfo=UTC)
 #: Default of ``Settings.max_payload_bytes`` (``OUTBOX_MAX_PAYLOAD_BYTES``): a payload holds
 #: identifiers the adapter reads the rest by, so 64 KiB is generous.
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
@@ -75,6 +80,25 @@ def id_text(field: str, value: str | int) -> str:
 def check_max_attempts(value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
         raise InvalidActionRequest("max_attempts", f"must be an integer from 1 to {MAX_ATTEMPTS}")
+
+
+def check_expires_at(value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, datetime) or value.utcoffset() is None:
+        raise InvalidActionRequest("expires_at", "must be a timezone-aware datetime")
+    try:
+        value.astimezone(UTC)  # what is sent (see utc); raises before the year 1 in UTC
+    except OverflowError:
+        raise InvalidActionRequest("expires_at", "is before the year 1 in UTC") from None
+    if value >= EXPIRES_AT_LIMIT:
+        raise InvalidActionRequest("expires_at", f"must be before {EXPIRES_AT_LIMIT:%Y-%m-%d} UTC")
+
+
+def utc(value: datetime | None) -> datetime | None:
+    """A checked ``expires_at`` in UTC, the same instant: PostgreSQL refuses offsets past 15:59
+    and fractions of a second in the text form a batch sends."""
+    return None if value is None else value.astimezone(UTC)
 
 
 def encoded_payload(payload: Any, max_bytes: int) -> bytes:
