@@ -61,7 +61,8 @@ QUIT_TIMEOUT = 2.0
 # 4F1X2Y", Exim's "250 OK id=1abcDE-000123-AB"): letters, digits, '.', '_', '-', standing alone,
 # so that nothing of an address (which a reply can echo) is ever taken for one.
 _QUEUE_ID = re.compile(
-    r"(?:\bqueued as|\bid=)\s*([A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?)(?=$|[\s;,.)\]])",
+    r"(?:\bqueued as|\bid=)\s*([A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?)"
+    r"(?=$|[\s;,)\]]|\.(?:\s|$))",
     re.IGNORECASE,
 )
 
