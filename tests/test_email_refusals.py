@@ -171,6 +171,15 @@ email_fields = st.fixed_dictionaries(
 )
 
 
+def raw_headers(message: Any, name: str) -> list[str]:
+    """A header's values as they were on the wire, unfolded, not decoded."""
+    return [
+        "".join(value.splitlines()).strip()
+        for key, value in message.raw_items()
+        if key.lower() == name.lower()
+    ]
+
+
 def unchecked(fields: dict[str, Any]) -> PreparedEmail:
     """A ``PreparedEmail`` built without its own checks: what the email package alone says."""
     prepared = object.__new__(PreparedEmail)
@@ -226,7 +235,7 @@ def test_enqueue_accepts_exactly_what_builds_into_the_headers_the_notice_meant(
     # A header keeps no whitespace at its ends (RFC 5322 unfolding); all else arrives as is.
     assert str(parsed["Subject"]).strip() == prepared.subject.strip()
     if prepared.unsubscribe_url:
-        assert parsed.get_all("List-Unsubscribe") == [f"<{prepared.unsubscribe_url}>"]
+        assert raw_headers(parsed, "List-Unsubscribe") == [f"<{prepared.unsubscribe_url}>"]
     conn.rollback()
 
 
@@ -261,7 +270,8 @@ def test_a_long_unsubscribe_url_reaches_the_relay_whole(make_outbox, database_ur
         conn.commit()
     drain(outbox)
     [received] = sink.accepted
-    assert received.message.get_all("List-Unsubscribe") == [f"<{url}>"]
+    # As written on the wire: a URL folded or RFC 2047-encoded is not a URL to a mail client.
+    assert raw_headers(received.message, "List-Unsubscribe") == [f"<{url}>"]
 
 
 def test_readback_ref_is_the_message_id_and_queue_id_never_the_relays_text(
