@@ -31,7 +31,7 @@ from outbox.email import (
 from outbox.email.adapter import queue_id, readback_ref
 from outbox.email.message import build_message, message_bytes, needs_smtputf8, render
 from outbox.email.notice import MAX_UNSUBSCRIBE_URL_LENGTH, InvalidEmail
-from outbox.errors import ConfigurationError
+from outbox.errors import ConfigurationError, InvalidActionRequest
 from outbox.testing import drain
 from tests.email_sink import SmtpSink
 from tests.email_support import RECIPIENT, SENDER, Mail, make_mail, set_member
@@ -119,6 +119,17 @@ def test_what_the_message_builder_would_refuse_is_refused_at_enqueue_as_value_er
     assert [r["payload"] for r in rows(conn, schema)] == [
         {"notice": "fields", "event": {"case": "good"}}
     ]
+
+
+@pytest.mark.parametrize("event", [{"x": float("nan")}, {"x": "\ud800"}, {"x": "a\x00b"}])
+def test_an_event_the_payload_cannot_hold_is_refused_by_field(fields_outbox, conn, schema, event):
+    notice = FieldsNotice()
+    notice.cases["c"] = GOOD
+    with pytest.raises(InvalidActionRequest) as raised:
+        enqueue_email(conn, notice, {"case": "c", **event}, schema=schema)
+    assert raised.value.field == "payload"
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert rows(conn, schema) == []
 
 
 def test_a_sender_with_a_line_break_or_unreadable_part_is_refused_not_cut_down() -> None:

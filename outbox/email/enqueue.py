@@ -54,7 +54,14 @@ def email_request(
     if not isinstance(event, Mapping):
         raise InvalidActionRequest("payload", "an email event must be a JSON object (a dict)")
     name = checked_name(notice)
-    key = idempotency_key or notice.idempotency_key(event) or default_idempotency_key(notice, event)
+    try:
+        key = (
+            idempotency_key
+            or notice.idempotency_key(event)
+            or default_idempotency_key(notice, event)
+        )
+    except (TypeError, ValueError, RecursionError) as error:  # hashing the event as JSON
+        raise InvalidActionRequest("payload", f"the email event is not JSON: {error}") from None
     if expires_at is None and notice.expires_after is not None:
         expires_at = datetime.now(UTC) + notice.expires_after
     return ActionRequest(
