@@ -326,3 +326,19 @@ def test_done_result_carries_only_the_message_id_when_the_relay_names_no_queue(
     action = mail.action(action_id)
     assert action.state is ActionState.DONE
     assert action.readback_ref == sink.seen[0].message["Message-ID"]
+
+
+def test_a_long_non_ascii_subject_reaches_the_relay_unchanged(
+    make_outbox, database_url, schema, sink
+) -> None:
+    subject = "Rückmeldung 0000é " * 12 + "Ende"  # folds into several encoded words
+    notice = FieldsNotice()
+    outbox = make_outbox()
+    outbox.register(EMAIL, EmailAdapter(SmtpSettings.from_url(sink.url, SENDER), [notice]))
+    outbox.migrate()
+    with psycopg.connect(database_url) as conn:
+        enqueue_case(conn, schema, notice, "subject", to=RECIPIENT, subject=subject)
+        conn.commit()
+    drain(outbox)
+    [received] = sink.accepted
+    assert received.message["Subject"] == subject

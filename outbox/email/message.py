@@ -7,6 +7,7 @@ import hashlib
 from dataclasses import dataclass
 from email import policy
 from email.errors import MessageError
+from email.header import Header
 from email.headerregistry import Address
 from email.message import EmailMessage
 from email.utils import format_datetime, localtime
@@ -42,7 +43,14 @@ def build_message(prepared: PreparedEmail, sender: Address, idempotency_key: str
     message = EmailMessage()
     message["From"] = sender
     message["To"] = prepared.address()
-    message["Subject"] = prepared.subject
+    if prepared.subject.isascii():
+        message["Subject"] = prepared.subject
+    else:
+        # The email package's own folding of a long non-ASCII subject can drop the whitespace
+        # between two encoded words, so the subject arrives changed; the older encoder keeps it
+        # (RFC 2047 words of at most 75 characters), and a raw header is written as it is.
+        encoded = Header(prepared.subject, "utf-8", header_name="Subject").encode()
+        message.set_raw("Subject", encoded)
     message["Date"] = format_datetime(localtime())
     message["Message-ID"] = message_id_for(idempotency_key, sender)
     message["Auto-Submitted"] = "auto-generated"
