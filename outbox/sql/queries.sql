@@ -137,8 +137,8 @@ UPDATE {schema}.agent_action a
 RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
           CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
           a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
-          a.write_started_at, a.readback_ref, a.stop_reason, a.retry_reason, a.created_at,
-          a.ended_at, a.lease_until - now() AS lease_left
+          a.write_started_at, a.earlier_write_at, a.readback_ref, a.stop_reason,
+          a.retry_reason, a.created_at, a.ended_at, a.lease_until - now() AS lease_left
 
 -- name: claim_reclaims
 -- Executing actions whose lease expired are claimed again at once, without waiting for their
@@ -167,8 +167,8 @@ UPDATE {schema}.agent_action a
 RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
           CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
           a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
-          a.write_started_at, a.readback_ref, a.stop_reason, a.retry_reason, a.created_at,
-          a.ended_at, a.lease_until - now() AS lease_left
+          a.write_started_at, a.earlier_write_at, a.readback_ref, a.stop_reason,
+          a.retry_reason, a.created_at, a.ended_at, a.lease_until - now() AS lease_left
 
 -- name: end_lost_leases
 -- Executing actions whose lease expired and that may not run again end: an at-most-once one
@@ -306,9 +306,11 @@ UPDATE {schema}.agent_action a
 RETURNING a.id, a.epoch
 
 -- name: finish_retry
--- A proven retry: waiting again after `after`, fence and lease cleared, if the epoch holds.
+-- A retry: waiting again after `after`, fence and lease cleared (the write's start kept as
+-- earlier_write_at for a read-back adapter), if the epoch holds.
 UPDATE {schema}.agent_action
    SET state = 'ADMITTED', available_at = now() + %(after)s, retry_reason = %(reason)s,
+       earlier_write_at = coalesce(write_started_at, earlier_write_at),
        lease_until = NULL, write_started_at = NULL
  WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
 RETURNING id
@@ -317,7 +319,8 @@ RETURNING id
 -- A deferral: like a retry, and the attempt is given back.
 UPDATE {schema}.agent_action
    SET state = 'ADMITTED', available_at = now() + %(after)s, attempt = attempt - 1,
-       retry_reason = %(reason)s, lease_until = NULL, write_started_at = NULL
+       retry_reason = %(reason)s, earlier_write_at = coalesce(write_started_at, earlier_write_at),
+       lease_until = NULL, write_started_at = NULL
  WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
 RETURNING id
 
