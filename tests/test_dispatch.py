@@ -391,7 +391,12 @@ def _peak_rss_mib(pid: int) -> float:
 
 
 @pytest.mark.slow
-def test_the_claimer_never_loads_the_payloads_it_claims(rig: DispatchRig) -> None:
+def test_the_claimer_never_loads_the_payloads_it_claims(
+    rig: DispatchRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A deployment that raised the payload limit far past its 64 KiB default.
+    monkeypatch.setenv("OUTBOX_MAX_PAYLOAD_BYTES", "8000000")
+    rig.settings["OUTBOX_MAX_PAYLOAD_BYTES"] = "8000000"
     ids = rig.enqueue(rig.rb, lanes=24, per_lane=1, payload={"blob": "x" * 4_000_000})
     claimer = rig.claimer()
     deadline = time.monotonic() + 30
