@@ -178,8 +178,20 @@ class PrivatePostgres(PrivateServer):
 
     def _initdb(self) -> None:
         result = subprocess.run(
-            [str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust"]
-            + ["--no-sync", "-E", "UTF8", "--locale", "C"],
+            [
+                str(PG_BIN / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale",
+                "C",
+            ],
             capture_output=True,
             user=self.user,
             cwd=self.dir,
