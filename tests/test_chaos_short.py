@@ -23,6 +23,7 @@ from benchmarks.chaos.checks import Evidence
 from benchmarks.chaos.fleet import MAX_KILL_LEAD, Fleet, Member
 from benchmarks.chaos.soak import Options, run
 
+
 @pytest.mark.slow
 def test_short_soak_under_sigkills_restarts_and_a_pool_outage_keeps_every_guarantee() -> None:
     outcome = run(Options(actions=2500, duration=40.0, kill_interval=3.0, seed=3, erasures=4))

@@ -104,12 +104,12 @@ class Evidence:
         return self.comments[e["marker"]]
 
     def interval_end(self, attempt: dict[str, Any]) -> datetime:
-        """When an attempt stopped: its own stop, else its process group's end, else (its stop
-        could not be written, the database being down, and its process lived on) its deadline:
-        the executor cancels an attempt at its lease's end."""
+        """When an attempt stopped: its own stop, else its process group's end or its deadline,
+        whichever came first: the executor cancels an attempt at its lease's end, and a stop
+        that met the database down (a restart) was never written."""
         if attempt["stopped_at"] is not None:
             return attempt["stopped_at"]
-        return self.process_end(attempt["pgid"]) or attempt.get("deadline") or OPEN
+        return min(self.process_end(attempt["pgid"]) or OPEN, attempt.get("deadline") or OPEN)
 
     def process_end(self, pgid: int) -> datetime | None:
         ends = [e["after"] for e in self.ends if e["pgid"] == pgid]
