@@ -176,3 +176,38 @@ def test_claimer_paused_30s_inside_its_claim_others_keep_claiming_and_nothing_ru
         assert gap <= MAX_STALL, f"no action ended for {gap:.1f}s while a claimer was paused"
         assert Counter(c["action_id"] for c in rig.calls()) == Counter(ids), "an action ran twice"
         assert_guarantees(rig, ids)
+
+
+def test_message_taken_too_late_to_write_keeps_the_earlier_write_so_read_back_writes_once(
+    database_url: str, schema: str, redis_url: str
+) -> None:
+    # The write window is the first 1.5 s of a 6 s lease: a message taken later may not write.
+    with fault_rig(
+        database_url,
+        schema,
+        redis_url,
+        OUTBOX_LEASE_SECONDS="6",
+        OUTBOX_WRITE_MARGIN_SECONDS="4.5",
+    ) as rig:
+        first = rig.worker(threads=2)
+        rig.claimer()
+        [action_id] = rig.enqueue(
+            rig.rb, lanes=1, per_lane=1, payload={"hang_after_write_attempt": 1}
+        )
+        rig.wait_rows("dispatch_effect", 1)  # written; the attempt now hangs
+        first.kill()  # the pool goes down with the write done and its finish never written
+
+        def reclaimed() -> bool:
+            with rig.connect() as conn:
+                [row] = rig.actions(conn, [action_id])
+            return row["epoch"] >= 2
+
+        wait_until(reclaimed, 20, "the reclaim after the lease", rig)
+        # The pool comes back after the new epoch's write window closed and before its lease
+        # ends: that take may not write, and must not forget that an earlier epoch wrote.
+        time.sleep(2.0)
+        rig.worker(threads=2)
+        [row] = rig.wait_ended([action_id], timeout=40)
+        assert row["state"] == "DONE"
+        assert len(rig.effects()) == 1, "the read-back write happened twice"
+        assert_guarantees(rig, [action_id])
