@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test demo lint
+.PHONY: install test demo lint schema
 
 $(BIN)/outbox: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,3 +23,7 @@ demo: install
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# schema.sql from a freshly migrated throwaway schema (rerun after adding a migration).
+schema: install
+	$(BIN)/python -m scripts.schema_snapshot

@@ -75,6 +75,7 @@ def fill(schema: str, *, singles: int, hot: int = 0, ended: int = 0) -> None:
             " now() - interval '1 hour' FROM generate_series(1, %(n)s) g",
             singles,
         )
+        conn.execute(queries_for(schema)["lane_intake"], {"limit": 10_000_000})  # as a claim does
         conn.commit()
         # Steady state: autovacuum has caught up behind the bulk load, as in production.
         conn.autocommit = True
@@ -91,7 +92,9 @@ def time_claims(schema: str, runs: int) -> tuple[list[float], int, int]:
         for i in range(runs + 1):
             with conn.transaction(force_rollback=True):
                 started = time.perf_counter()
-                rows = run_sync(conn, claim_operation(schema, {NOOP.name: BATCH}, LEASE))
+                rows = run_sync(
+                    conn, claim_operation(schema, {NOOP.name: BATCH}, LEASE, take=False)
+                )
                 took = time.perf_counter() - started
             if i:  # the first run warms the caches and the plan
                 seconds.append(took)
@@ -99,7 +102,7 @@ def time_claims(schema: str, runs: int) -> tuple[list[float], int, int]:
         with conn.transaction(force_rollback=True):
             (plan,) = conn.execute(
                 "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries_for(schema)["claim_heads"],
-                {"kind": NOOP.name, "limit": BATCH, "lease": LEASE},
+                {"kind": NOOP.name, "limit": BATCH, "lease": LEASE, "take": False},
             ).fetchone()
     top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
     return seconds, claimed, top["Shared Hit Blocks"] + top["Shared Read Blocks"]

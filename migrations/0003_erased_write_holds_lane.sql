@@ -1,8 +1,8 @@
 -- 0003: an erased write still holds its lane until its lease ends.
 --
 -- Erasure deletes an executing action at once, but an attempt that already passed its fence may
--- still be calling the provider (SPEC: "a write that already passed its fence still reaches the
--- provider"). Its lane must not start the next action while that call can still run, or two
+-- still be calling the provider (erasure does not recall a write that already passed its
+-- fence). Its lane must not start the next action while that call can still run, or two
 -- actions of one lane would be in flight together. The lane row keeps busy_until = the erased
 -- action's lease end; claims skip the lane until then, and the row is not dropped before it.
 

@@ -2,7 +2,7 @@
 -- where they can.
 --
 -- Every plpgsql call with `SET search_path FROM CURRENT` costs a GUC save and restore besides the
--- call itself (about 25 us a row on the benchmark machine, half of it the SET). An action's life
+-- call itself, on every row it fires for (docs/benchmarks.md). An action's life
 -- writes its row five times (the enqueue's insert, claim, take, fence, finish), and the take and
 -- the fence change only taken_epoch or write_started_at of an EXECUTING row: nothing either
 -- trigger checks or tracks. WHEN clauses, evaluated without a function call, now keep those

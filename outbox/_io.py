@@ -29,7 +29,7 @@ Operation = Generator[Statement, Rows, T]
 
 def _returned_rows(cur: Any) -> bool:
     """Whether the statement returned rows. Not ``cur.description``: that builds a Column object
-    a column on every call, which was a tenth of an enqueue's client CPU (22 columns)."""
+    a column on every call, a cost every enqueue would pay for a yes or no (docs/benchmarks.md)."""
     result = cur.pgresult
     return result is not None and result.status == pq.ExecStatus.TUPLES_OK
 

@@ -32,6 +32,8 @@ class Action:
     stop_reason: str | None
     created_at: datetime
     ended_at: datetime | None
+    #: The reason of the latest retry or deferral (kept when the attempts run out).
+    retry_reason: str | None = None
     created: bool = False
 
     @classmethod

@@ -1,6 +1,7 @@
 """The backlog as an operator sees it, per kind: due actions, the oldest one's age, actions in
-flight, and lanes blocked behind a retrying head. Read by ``outbox status`` and the metrics
-gauges; every number comes from the database and its clock."""
+flight, claims no worker took within their lease, and lanes blocked behind a retrying head.
+Read by ``outbox status`` and the metrics gauges; every number comes from the database and its
+clock."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ class KindBacklog:
     oldest_due_age: float = 0.0
     in_flight: int = 0
     blocked_lanes: int = 0
+    #: Claims whose lease ran out before any worker took their message.
+    unconsumed: int = 0
 
     @property
     def queue(self) -> str:
@@ -41,6 +44,7 @@ def backlog_operation(schema: str) -> Operation[Backlog]:
     flight_rows = yield Statement(q["executing_by_kind"])
     blocked_rows = yield Statement(q["blocked_lanes_by_kind"])
     in_flight = {r["kind"]: int(r["n"]) for r in flight_rows}
+    unconsumed = {r["kind"]: int(r["unconsumed"]) for r in flight_rows}
     blocked = {r["kind"]: int(r["lanes"]) for r in blocked_rows}
     kinds = {
         r["kind"]: KindBacklog(
@@ -49,6 +53,7 @@ def backlog_operation(schema: str) -> Operation[Backlog]:
             oldest_due_age=float(r["oldest_due_age"]),
             in_flight=in_flight.get(r["kind"], 0),
             blocked_lanes=blocked.get(r["kind"], 0),
+            unconsumed=unconsumed.get(r["kind"], 0),
         )
         for r in due_rows
     }

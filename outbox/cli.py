@@ -1,20 +1,28 @@
-"""The ``outbox`` command. Each subcommand is one ``_cmd_*`` function registered in ``COMMANDS``."""
+"""The ``outbox`` command. Each subcommand is one ``_cmd_*`` function registered in ``COMMANDS``.
+
+A failing command prints one line on stderr and exits 1 (runtime) or 2 (usage, configuration);
+``outbox.cli_errors`` says which error is which.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from importlib import metadata
 from typing import Any
 
 import psycopg
 
+from outbox.cli_args import non_negative_float, non_negative_int, positive_int
+from outbox.cli_errors import DEBUG_ENV, EXIT_INTERRUPTED, explain
 from outbox.demo.commands import setup_dashboard, setup_demo
 from outbox.dispatch.commands import setup_claimer, setup_worker
 from outbox.erasure import erase_subject
-from outbox.errors import OutboxError
 from outbox.loader import load_app
 from outbox.logs import configure_logging
 from outbox.outbox import Outbox
@@ -93,11 +101,13 @@ def _setup_prune(sub: argparse._SubParsersAction) -> None:
     _add_common(p)
     p.add_argument(
         "--retention-days",
-        type=float,
+        type=non_negative_float,
         help="delete actions ended more than this many days ago (default: $OUTBOX_RETENTION_SECONDS"
         " or 30 days)",
     )
-    p.add_argument("--batch-size", type=int, default=DEFAULT_PRUNE_BATCH, help="rows per batch")
+    p.add_argument(
+        "--batch-size", type=positive_int, default=DEFAULT_PRUNE_BATCH, help="rows per batch"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_prune)
 
@@ -141,7 +151,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _setup_status(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="counts, backlog, blocked lanes, latest UNCERTAIN/FAILED")
     _add_common(p)
-    p.add_argument("--latest", type=int, default=10, help="how many latest ended to list")
+    p.add_argument(
+        "--latest", type=non_negative_int, default=10, help="how many latest ended to list"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_status)
 
@@ -165,7 +177,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _setup_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="one action's fields, lane and history")
-    p.add_argument("id", type=int, metavar="ID", help="the action id")
+    p.add_argument("id", type=positive_int, metavar="ID", help="the action id")
     _add_common(p)
     p.add_argument("--json", action="store_true", help="print the action as JSON")
     p.set_defaults(func=_cmd_inspect)
@@ -185,25 +197,84 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
 ]
 
 
+#: Subcommands whose arguments after ``--`` are passed on as they are (to ``dramatiq``).
+PASSTHROUGH = frozenset({"worker"})
+
+
+def package_version() -> str:
+    """The installed distribution's version (its metadata), ``unknown`` from a bare checkout."""
+    try:
+        return metadata.version("outbox")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _add_global_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=default, help="log at DEBUG level"
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=default,
+        help=f"print the traceback of a failure (also ${DEBUG_ENV}=1)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="outbox", description="Carry out an application's effects on the outside world."
+        prog="outbox",
+        description="Carry out an application's effects on the outside world.",
+        epilog="exit status: 0 ok, 1 runtime failure, 2 usage or configuration error",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument("--version", action="version", version=f"outbox {package_version()}")
+    _add_global_options(parser, default=False)
     sub = parser.add_subparsers(dest="command", required=True)
     for setup in COMMANDS:
         setup(sub)
+    for command in sub.choices.values():
+        # Also after the subcommand; SUPPRESS keeps the value given before it.
+        _add_global_options(command, default=argparse.SUPPRESS)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """``argv`` parsed; for a passthrough subcommand, what follows the first ``--`` is its
+    ``dramatiq_args``, so its own options work before and after APP."""
+    argv = list(argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        head, tail = argv[:cut], argv[cut + 1 :]
+        command = next((a for a in head if not a.startswith("-")), None)
+        if command in PASSTHROUGH:
+            args = parser.parse_args(head)
+            args.dramatiq_args = tail
+            return args
+    return parser.parse_args(argv)
+
+
+def _debug_chosen(args: argparse.Namespace) -> bool:
+    return bool(args.debug) or os.environ.get(DEBUG_ENV, "").strip().lower() in {
+        "1",
+        "true",
+        "yes",
+        "on",
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(build_parser(), sys.argv[1:] if argv is None else argv)
     configure_logging(args.verbose)  # JSON lines when OUTBOX_LOG_FORMAT=json
     try:
         return int(args.func(args) or 0)
-    except OutboxError as error:
-        print(f"outbox {args.command}: {error}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as error:
+        if _debug_chosen(args):
+            traceback.print_exc()
+        failure = explain(error)
+        print(f"outbox {args.command}: {failure.message}", file=sys.stderr)
+        return failure.status
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,12 +6,19 @@ import os
 from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlparse
+
+from psycopg import ProgrammingError
+from psycopg.conninfo import conninfo_to_dict
 
 from outbox.errors import ConfigurationError
 from outbox.queries import validate_schema
 
 #: The prefix of every environment variable the outbox reads.
 ENV_PREFIX = "OUTBOX_"
+#: Broker URL schemes: Redis (the default broker) and RabbitMQ.
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+RABBITMQ_SCHEMES = ("amqp", "amqps")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +45,9 @@ class Settings:
     #: Per kind (queue), most actions claimed and not yet finished: the worker pool's capacity.
     in_flight: int = 64
     #: Most ``(action_id, epoch)`` pairs one Dramatiq message carries. A claim round's actions
-    #: of one kind share messages, which a worker runs concurrently on its event loop: Dramatiq's
-    #: own cost a message (consume, decode, ack) was most of a worker's CPU. 1 = one message
-    #: an action.
+    #: of one kind share messages, which a worker runs concurrently on its event loop, so
+    #: Dramatiq's own cost a message (consume, decode, ack) is paid once for several actions.
+    #: 1 = one message an action.
     actions_per_message: int = 8
     #: Retry backoff: base * 2^(attempt-1), capped, with jitter, unless the adapter gives a wait.
     retry_base: timedelta = timedelta(seconds=5)
@@ -55,6 +62,9 @@ class Settings:
     pool_size: int = 10
     #: Port of the Prometheus endpoint (0 = none).
     metrics_port: int = 0
+    #: Address the Prometheus endpoint listens on: loopback unless widened (``0.0.0.0`` for a
+    #: scrape from another host or container).
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -64,12 +74,19 @@ class Settings:
             )
         for name in ("batch_size", "in_flight", "actions_per_message", "pool_size"):
             if getattr(self, name) < 1:
-                raise ConfigurationError(f"{name} must be >= 1")
+                raise ConfigurationError(f"{env_name(name)}: must be >= 1")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigurationError(f"{env_name('metrics_port')}: must be a port, 0 to 65535")
+        if self.database_url is not None:
+            _check_database_url(self.database_url)
+        if self.broker_url is not None:
+            _check_broker_url(self.broker_url)
 
     def require_database_url(self) -> str:
         if not self.database_url:
             raise ConfigurationError(
-                "no database: set OUTBOX_DATABASE_URL (or DATABASE_URL), or pass database_url="
+                "no database: set OUTBOX_DATABASE_URL (or DATABASE_URL), or pass --database-url"
+                " (database_url= in code)"
             )
         return self.database_url
 
@@ -81,23 +98,75 @@ class Settings:
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for f in fields(cls):
-            if f.type in ("timedelta",):
-                raw = env.get(f"{ENV_PREFIX}{f.name.upper()}_SECONDS")
-                if raw is not None:
-                    values[f.name] = timedelta(seconds=_number(f.name, raw))
-                continue
-            raw = env.get(f"{ENV_PREFIX}{f.name.upper()}")
+            variable = env_name(f.name)
+            raw = env.get(variable)
             if raw is None:
                 continue
-            values[f.name] = int(_number(f.name, raw)) if f.type == "int" else raw
+            if f.type == "timedelta":
+                values[f.name] = timedelta(seconds=_seconds(variable, raw))
+            elif f.type == "int":
+                values[f.name] = _integer(variable, raw)
+            else:
+                values[f.name] = raw
         if "database_url" not in values and env.get("DATABASE_URL"):
             values["database_url"] = env["DATABASE_URL"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
 
-def _number(name: str, raw: str) -> float:
+def env_name(field: str) -> str:
+    """The environment variable of a setting: ``lease`` -> ``OUTBOX_LEASE_SECONDS`` (durations
+    are given in seconds), ``batch_size`` -> ``OUTBOX_BATCH_SIZE``."""
+    types = {f.name: f.type for f in fields(Settings)}
+    suffix = "_SECONDS" if types.get(field) == "timedelta" else ""
+    return f"{ENV_PREFIX}{field.upper()}{suffix}"
+
+
+def _seconds(variable: str, raw: str) -> float:
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
-        raise ConfigurationError(f"{ENV_PREFIX}{name.upper()}: {raw!r} is not a number") from None
+        raise ConfigurationError(f"{variable}: {raw!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise ConfigurationError(f"{variable}: {raw!r} must be a finite number >= 0")
+    return value
+
+
+def _integer(variable: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(f"{variable}: {raw!r} is not a whole number") from None
+
+
+def _check_database_url(url: str) -> None:
+    # Parsed here (libpq's own parser) so a typo is a configuration error before any connect;
+    # the message never repeats the URL, which may hold a password.
+    variable = f"{env_name('database_url')} (--database-url)"
+    try:
+        params = conninfo_to_dict(url)
+    except ProgrammingError as error:
+        reason = str(error).splitlines()[0] if str(error) else "cannot be parsed"
+        if url in reason:
+            reason = "cannot be parsed"
+        raise ConfigurationError(
+            f"{variable}: not a PostgreSQL URL (postgresql://user@host:5432/db) or "
+            f"connection string: {reason}"
+        ) from None
+    for port in str(params.get("port", "")).split(","):
+        if port and not port.isdigit():
+            raise ConfigurationError(f"{variable}: port {port!r} is not a number")
+
+
+def _check_broker_url(url: str) -> None:
+    variable = f"{env_name('broker_url')} (--broker-url)"
+    parsed = urlparse(url)
+    if parsed.scheme not in REDIS_SCHEMES + RABBITMQ_SCHEMES:
+        raise ConfigurationError(
+            f"{variable}: scheme must be redis:// (the default broker) or amqp://, "
+            f"not {parsed.scheme + '://' if parsed.scheme else 'none'}"
+        )
+    try:
+        parsed.port  # noqa: B018 - parsing the port is the check
+    except ValueError:
+        raise ConfigurationError(f"{variable}: the port is not a number") from None

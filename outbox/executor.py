@@ -179,13 +179,15 @@ class ActionExecutor:
                     if after is not None
                     else backoff(attempt, self.settings.retry_base, self.settings.retry_cap)
                 )
-                recorded = await store.finish_retry(action_id, epoch, wait)
+                recorded = await store.finish_retry(action_id, epoch, wait, result.reason)
             case Retry():
                 state, reason = ActionState.FAILED, StopReason.ATTEMPTS_EXHAUSTED
-                recorded = await store.finish_end(action_id, epoch, state, reason, None)
+                recorded = await store.finish_end(
+                    action_id, epoch, state, reason, None, cause=result.reason
+                )
             case Defer(after=after):
                 state, reason = ActionState.ADMITTED, result.reason
-                recorded = await store.finish_defer(action_id, epoch, after)
+                recorded = await store.finish_defer(action_id, epoch, after, result.reason)
             case Uncertain(reason=reason):
                 state = ActionState.UNCERTAIN
                 recorded = await store.finish_end(action_id, epoch, state, reason, None)

@@ -13,7 +13,9 @@ import os
 from datetime import UTC, datetime
 from typing import Any
 
-#: Set ``OUTBOX_LOG_FORMAT=json`` to get one JSON object per line from ``outbox`` processes.
+#: Set ``OUTBOX_LOG_FORMAT=json`` to get one JSON object per line from every process the outbox
+#: starts: the CLI's own, the claimer, and a worker pool's Dramatiq master, worker and fork
+#: processes (the variable is inherited; each of them applies it).
 LOG_FORMAT_ENV = "OUTBOX_LOG_FORMAT"
 
 # Attributes every LogRecord has; whatever else a record carries came in through ``extra``.
@@ -37,6 +39,7 @@ class JsonFormatter(logging.Formatter):
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
             "level": record.levelname,
             "logger": record.name,
+            "pid": record.process,
             "message": record.getMessage(),
             **extra_fields(record),
         }
@@ -46,11 +49,25 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+def json_chosen(fmt: str | None = None) -> bool:
+    """Whether ``fmt`` (else ``$OUTBOX_LOG_FORMAT``) asks for JSON lines."""
+    return (fmt or os.environ.get(LOG_FORMAT_ENV, "text")).strip().lower() == "json"
+
+
+def apply_log_format(fmt: str | None = None) -> None:
+    """In a process whose logging someone else set up (Dramatiq's master, worker and fork
+    processes write through pipes the master relays): keep every root handler and its stream,
+    and give it the JSON formatter when JSON is chosen."""
+    if json_chosen(fmt):
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
+
+
 def configure_logging(verbose: bool = False, fmt: str | None = None) -> None:
     """Root logging for an outbox process: JSON lines when ``fmt`` (or ``$OUTBOX_LOG_FORMAT``) is
     ``json``, else plain text."""
     level = logging.DEBUG if verbose else logging.INFO
-    if (fmt or os.environ.get(LOG_FORMAT_ENV, "text")).lower() == "json":
+    if json_chosen(fmt):
         handler = logging.StreamHandler()
         handler.setFormatter(JsonFormatter())
         logging.basicConfig(level=level, handlers=[handler], force=True)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
+import threading
 import time
 from typing import Any
 from wsgiref.simple_server import WSGIServer
@@ -26,6 +28,7 @@ from prometheus_client import multiprocess as _multiprocess
 
 from outbox.backlog import Backlog, backlog_operation
 from outbox.config import Settings
+from outbox.state import StopReason
 from outbox.store import Store
 
 log = logging.getLogger("outbox.metrics")
@@ -41,6 +44,39 @@ ENDED = Counter(
     "Actions that ended, by kind, final state and stop reason",
     ["kind", "state", "reason"],
 )
+
+
+#: The ``reason`` label of an end whose reason is not admitted as a label value.
+OTHER_REASON = "OTHER"
+#: Most distinct adapter-given reasons a process admits as label values; later ones count as
+#: ``OTHER``. The outbox's own stop reasons are always admitted and not counted against it.
+MAX_ADAPTER_REASONS = 50
+#: What an adapter-given reason must look like to be a label value: a short code
+#: (``SMTP_RCPT_550``), never free text (an error message, an address, an id).
+REASON_LABEL = re.compile(r"^[A-Z][A-Z0-9_]{0,47}$")
+_OUTBOX_REASONS = frozenset(
+    value for name, value in vars(StopReason).items() if name.isupper() and isinstance(value, str)
+)
+_adapter_reasons: set[str] = set()
+_reasons_lock = threading.Lock()
+
+
+def reason_label(reason: str) -> str:
+    """The ``reason`` label value of an end: the outbox's stop reasons as they are; an adapter's
+    reason as it is when it is a short code and one of the first ``MAX_ADAPTER_REASONS``
+    distinct ones, else ``OTHER``. Adapters give reasons freely; a label must stay a small set
+    (each value is a time series kept for ever). The database keeps the exact reason."""
+    if reason in _OUTBOX_REASONS or reason in _adapter_reasons:
+        return reason
+    if not REASON_LABEL.match(reason):
+        return OTHER_REASON
+    with _reasons_lock:
+        if reason in _adapter_reasons:
+            return reason
+        if len(_adapter_reasons) >= MAX_ADAPTER_REASONS:
+            return OTHER_REASON
+        _adapter_reasons.add(reason)
+        return reason
 
 
 # Label children by their values: ``.labels()`` validates and locks on every call, and each
@@ -59,10 +95,18 @@ def record_attempt(kind: str, result: str, recorded: bool) -> None:
 
 
 def record_ended(kind: str, state: str, reason: str) -> None:
+    """Counts an end. ``kind`` and ``state`` are bounded (declared kinds, the state enum);
+    ``reason`` goes through ``reason_label``."""
     key = (kind, state, reason)
     child = _ended_children.get(key)
     if child is None:
-        child = _ended_children[key] = ENDED.labels(kind=kind, state=state, reason=reason)
+        label = reason_label(reason)
+        child = _ended_children.get((kind, state, label))
+        if child is None:
+            child = ENDED.labels(kind=kind, state=state, reason=label)
+            _ended_children[(kind, state, label)] = child
+        if label == reason:
+            _ended_children[key] = child
     child.inc()
 
 
@@ -86,6 +130,20 @@ IN_FLIGHT = Gauge(
     ["kind", "queue"],
     multiprocess_mode="livemostrecent",
 )
+UNCONSUMED = Gauge(
+    "outbox_claims_unconsumed",
+    "Claims whose lease ran out before any worker took their message, by kind: above 0, the "
+    "worker pool is down or lost messages, and claimers claim nothing new of that kind",
+    ["kind"],
+    multiprocess_mode="livemostrecent",
+)
+CLAIMING_STALLED = Gauge(
+    "outbox_claimer_stalled",
+    "1 while this claimer claims nothing new of a kind because no worker took its claims "
+    "within their lease (it pushes one probe at a time), else 0",
+    ["kind"],
+    multiprocess_mode="livemax",
+)
 BLOCKED_LANES = Gauge(
     "outbox_lanes_blocked",
     "Lanes whose head waits for a retry while later actions wait behind it, by the head's kind",
@@ -102,6 +160,11 @@ def set_backlog_gauges(backlog: Backlog) -> None:
         OLDEST_DUE_AGE.labels(kind=item.kind).set(item.oldest_due_age)
         IN_FLIGHT.labels(kind=item.kind, queue=item.queue).set(item.in_flight)
         BLOCKED_LANES.labels(kind=item.kind).set(item.blocked_lanes)
+        UNCONSUMED.labels(kind=item.kind).set(item.unconsumed)
+
+
+def set_claiming_stalled(kind: str, stalled: bool) -> None:
+    CLAIMING_STALLED.labels(kind=kind).set(1 if stalled else 0)
 
 
 async def refresh_backlog_gauges(store: Store) -> Backlog:
@@ -130,10 +193,12 @@ def metrics_registry() -> CollectorRegistry:
     return registry
 
 
-def start_metrics_server(port: int, addr: str = "0.0.0.0") -> WSGIServer:
+def start_metrics_server(port: int, addr: str | None = None) -> WSGIServer:
     """Serves ``/metrics`` on ``addr:port`` from a daemon thread and returns the server
     (``server.server_port`` is the bound port when ``port`` is 0; ``server.shutdown()`` stops it).
-    """
+    ``addr`` defaults to ``$OUTBOX_METRICS_HOST``, else 127.0.0.1 (loopback only)."""
+    if addr is None:
+        addr = Settings.from_env().metrics_host
     server, _thread = start_http_server(port, addr=addr, registry=metrics_registry())
     log.info(
         "serving metrics on %s:%d",
@@ -167,10 +232,10 @@ def serve_metrics_fork() -> int:
     """A Dramatiq fork function: serves every worker process's metrics on
     ``$OUTBOX_METRICS_PORT`` until Dramatiq stops the fork. ``MetricsExposition`` adds it;
     by hand: ``dramatiq ... --fork-function outbox.metrics:serve_metrics_fork``."""
-    port = Settings.from_env().metrics_port
-    if not port:
+    settings = Settings.from_env()
+    if not settings.metrics_port:
         return 0
-    start_metrics_server(port)
+    start_metrics_server(settings.metrics_port, settings.metrics_host)
     while True:  # the server thread serves; Dramatiq's SIGTERM handler ends this process
         time.sleep(3600)
 
@@ -181,4 +246,7 @@ class MetricsExposition(Middleware):
 
     @property
     def forks(self) -> list:
-        return [serve_metrics_fork]
+        # A module of its own, whose import applies the log format in the fork process.
+        from outbox.dispatch.metrics_fork import serve_metrics
+
+        return [serve_metrics]

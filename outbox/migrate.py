@@ -35,12 +35,34 @@ class Migration:
     sql: str
 
 
+#: Where an installed package keeps its migrations (the wheel copies migrations/ there).
+PACKAGED_MIGRATIONS = "_migrations"
+
+
+def _is_outbox_checkout(root: Path) -> bool:
+    """Whether ``root`` is this project's source tree (its pyproject.toml names ``outbox``)."""
+    try:
+        text = (root / "pyproject.toml").read_text()
+    except OSError:
+        return False
+    return re.search(r'(?m)^name\s*=\s*"outbox"\s*$', text) is not None
+
+
 def _migrations_dir() -> Path:
-    # A source checkout keeps migrations/ at the top; a wheel carries it as outbox/_migrations.
-    checkout = Path(__file__).resolve().parent.parent / "migrations"
-    if checkout.is_dir():
-        return checkout
-    return Path(str(resources.files("outbox").joinpath("_migrations")))
+    """The package's own migrations: ``outbox/_migrations`` when installed from a wheel, else
+    the source checkout's top-level migrations/ (an editable install or a repo on sys.path).
+    Never a ``migrations`` folder found by its name next to the package: in site-packages that
+    is whichever other distribution installed one."""
+    packaged = Path(str(resources.files("outbox").joinpath(PACKAGED_MIGRATIONS)))
+    if packaged.is_dir():
+        return packaged
+    root = Path(__file__).resolve().parent.parent
+    if _is_outbox_checkout(root) and (root / "migrations").is_dir():
+        return root / "migrations"
+    raise RuntimeError(
+        f"no migrations: neither {packaged} (an installed outbox) nor an outbox source checkout's "
+        "migrations/ folder; reinstall the outbox package"
+    )
 
 
 def available_migrations() -> list[Migration]:

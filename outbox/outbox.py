@@ -102,7 +102,7 @@ class Outbox:
     async def store(self, pool: AsyncConnectionPool | None = None) -> AsyncIterator[Store]:
         """A ``Store`` on ``pool``, or on a pool of its own (autocommit) closed on exit."""
         if pool is not None:
-            yield Store(pool, self.schema)
+            yield Store(pool, self.schema, self.settings.lease)
             return
         own = AsyncConnectionPool(
             self.settings.require_database_url(),
@@ -113,7 +113,7 @@ class Outbox:
         )
         await own.open(wait=True)
         try:
-            yield Store(own, self.schema)
+            yield Store(own, self.schema, self.settings.lease)
         finally:
             await own.close()
 

@@ -1,7 +1,7 @@
 """The lifecycle of an action: its states, the transitions between them, and stop reasons.
 
 The trigger ``guard_agent_action`` (migrations/0001_core.sql) carries the same table in SQL;
-``tests/test_trigger_pairs.py`` walks all 49 ordered pairs and checks that both agree.
+``tests/test_core_trigger.py`` walks all 49 ordered pairs and checks that both agree.
 """
 
 from __future__ import annotations

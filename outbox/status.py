@@ -138,6 +138,7 @@ def _show(value: Any) -> str:
 def render_status(report: StatusReport) -> str:
     """The human form of ``outbox status``."""
     lines = ["kind                 due  oldest_due_s  in_flight  blocked_lanes  states"]
+    stalled: list[str] = []
     for kind in sorted(set(report.counts) | set(report.backlog)):
         b = report.backlog.get(kind, {})
         states = ", ".join(f"{s}={n}" for s, n in sorted(report.counts.get(kind, {}).items()))
@@ -145,6 +146,15 @@ def render_status(report: StatusReport) -> str:
             f"{kind:<20} {b.get('due', 0):>4} {b.get('oldest_due_age', 0.0):>13.1f} "
             f"{b.get('in_flight', 0):>10} {b.get('blocked_lanes', 0):>14}  {states or '-'}"
         )
+        if b.get("unconsumed"):
+            stalled.append(
+                f"  {kind}: {b['unconsumed']} claims were not taken by any worker within their "
+                f"lease: is a worker pool consuming queue {b.get('queue', '?')}? Claimers claim "
+                "nothing new of this kind meanwhile (no attempt is spent)."
+            )
+    if stalled:
+        lines.append("not consumed:")
+        lines.extend(stalled)
     for title, items in (
         ("latest UNCERTAIN", report.latest_uncertain),
         ("latest FAILED", report.latest_failed),
@@ -155,6 +165,7 @@ def render_status(report: StatusReport) -> str:
             lines.append(
                 f"  #{item['id']} {item['kind']} {item['stop_reason']} "
                 f"(attempt {item['attempt']}/{item['max_attempts']}, ended {ended})"
+                + (f", last retry: {item['retry_reason']}" if item.get("retry_reason") else "")
             )
     return "\n".join(lines)
 

@@ -9,7 +9,7 @@ adapter runs.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -51,29 +51,49 @@ def _claimed(rows: list[dict[str, Any]]) -> list[ClaimedAction]:
     return [ClaimedAction(Action.from_row(row), row["lease_left"]) for row in rows]
 
 
-def claim_operation(
-    schema: str, limits: Mapping[str, int], lease: timedelta
-) -> Operation[list[ClaimedAction]]:
-    """Reclaims of expired leases first (they wait for nothing), then due lane heads.
+#: Most lane-intake rows one claim folds into the lane rows before it reads them. A newsletter
+#: of 100,000 enqueues is folded over that many claims (each a few tens of milliseconds).
+INTAKE_BATCH = 5000
 
-    ``limits`` maps each kind to the most actions of that kind to claim now.
+
+def intake_operation(schema: str) -> Operation[int]:
+    """Folds up to ``INTAKE_BATCH`` lane-intake rows into the lane rows; returns how many."""
+    rows = yield Statement(queries_for(schema)["lane_intake"], {"limit": INTAKE_BATCH})
+    return int(rows[0]["folded"])
+
+
+def claim_operation(
+    schema: str,
+    limits: Mapping[str, int],
+    lease: timedelta,
+    *,
+    take: bool,
+    intake: bool = True,
+    reclaims_only: Collection[str] = (),
+) -> Operation[list[ClaimedAction]]:
+    """Per kind, reclaims of expired leases first (they wait for nothing), then due lane heads
+    (none for the kinds in ``reclaims_only``); first the lane intake is folded, unless
+    ``intake`` is False (the caller folded it).
+
+    ``limits`` maps each kind to the most actions of that kind to claim now. With ``take`` the
+    claim is also the take (an in-process executor runs what it claims): the attempt rises and
+    the payload is returned. Without, the claimed actions carry no payload (a claimer pushes only
+    ``(id, epoch)``, and a payload may be large).
     """
     q = queries_for(schema)
+    if intake:
+        yield from intake_operation(schema)
     claimed: list[ClaimedAction] = []
-    wanted = {kind: n for kind, n in limits.items() if n > 0}
-    if not wanted:
-        return claimed
-    total = sum(wanted.values())
-    rows = yield Statement(
-        q["claim_reclaims"], {"kinds": list(wanted), "limit": total, "lease": lease}
-    )
-    for item in _claimed(rows):
-        claimed.append(item)
-        wanted[item.action.kind] -= 1
-    # One statement a kind, so that each kind's bound holds and each is an index range scan.
-    for kind, n in wanted.items():
-        if n > 0:
-            rows = yield Statement(q["claim_heads"], {"kind": kind, "limit": n, "lease": lease})
+    # Statements a kind, so that each kind's bound holds and each is an index range scan.
+    for kind, limit in limits.items():
+        if limit <= 0:
+            continue
+        params = {"kind": kind, "limit": limit, "lease": lease, "take": take}
+        rows = yield Statement(q["claim_reclaims"], params)
+        claimed.extend(_claimed(rows))
+        left = limit - len(rows)
+        if left > 0 and kind not in reclaims_only:
+            rows = yield Statement(q["claim_heads"], {**params, "limit": left})
             claimed.extend(_claimed(rows))
     return claimed
 
@@ -108,9 +128,11 @@ def _columns(rows: list[dict[str, Any]], **arrays: str) -> dict[str, list[Any]]:
 class Store:
     """Runs the executor's operations on an async pool, one short statement at a time."""
 
-    def __init__(self, pool: AsyncConnectionPool, schema: str) -> None:
+    def __init__(self, pool: AsyncConnectionPool, schema: str, lease: timedelta) -> None:
         self.pool = pool
         self.schema = schema
+        #: The lease a worker's take starts afresh (the claimers' lease: one setting).
+        self.lease = lease
         # Group commit (outbox.batching): concurrent takes, fences and ends of this process
         # share statements; each row keeps its own epoch check.
         self._take = GroupWriter("take_attempt", self._take_many, self._take_one, _key)
@@ -132,7 +154,8 @@ class Store:
         return _claimed(rows)[0] if rows else None
 
     async def _take_many(self, ps: list[dict[str, Any]]) -> dict[Any, ClaimedAction]:
-        rows = await self._rows("take_attempts", _columns(ps, ids="id", epochs="epoch"))
+        params = {**_columns(ps, ids="id", epochs="epoch"), "lease": self.lease}
+        rows = await self._rows("take_attempts", params)
         return {k: _claimed([row])[0] for k, row in by_id_and_epoch(rows).items()}
 
     async def _fence_one(self, p: dict[str, Any]) -> bool:
@@ -147,7 +170,13 @@ class Store:
 
     async def _end_many(self, ps: list[dict[str, Any]]) -> dict[Any, bool]:
         params = _columns(
-            ps, ids="id", epochs="epoch", states="state", reasons="reason", refs="ref"
+            ps,
+            ids="id",
+            epochs="epoch",
+            states="state",
+            reasons="reason",
+            refs="ref",
+            causes="cause",
         )
         return dict.fromkeys(by_id_and_epoch(await self._rows("finish_ends", params)), True)
 
@@ -164,8 +193,12 @@ class Store:
         async with self.connection() as conn:
             return await run_async(conn, op)
 
-    async def claim(self, limits: Mapping[str, int], lease: timedelta) -> list[ClaimedAction]:
-        return await self.run(claim_operation(self.schema, limits, lease))
+    async def claim(
+        self, limits: Mapping[str, int], lease: timedelta, *, take: bool = True
+    ) -> list[ClaimedAction]:
+        """Claims; with ``take`` (an executor in this process runs what it claims) it takes at
+        once, without (a claimer that pushes) it leaves the take to a worker."""
+        return await self.run(claim_operation(self.schema, limits, lease, take=take))
 
     async def housekeep(self, limit: int = 1000) -> list[EndedByHousekeeping]:
         return await self.run(housekeeping_operation(self.schema, limit))
@@ -175,29 +208,42 @@ class Store:
         epoch: a second delivery of the same
         ``(action_id, epoch)`` message gets None (the Dramatiq actor drops it as Abandoned)."""
 
-        return await self._take({"id": action_id, "epoch": epoch})
+        return await self._take({"id": action_id, "epoch": epoch, "lease": self.lease})
 
     async def begin_write(self, action_id: int, epoch: int, margin: timedelta) -> bool:
         return bool(await self._fence({"id": action_id, "epoch": epoch, "margin": margin}))
 
     async def finish_end(
-        self, action_id: int, epoch: int, state: ActionState, reason: str, ref: str | None
+        self,
+        action_id: int,
+        epoch: int,
+        state: ActionState,
+        reason: str,
+        ref: str | None,
+        cause: str | None = None,
     ) -> bool:
+        """Ends the action if its epoch holds; ``cause`` is the last retry's reason, when the
+        attempts ran out."""
         params = {
             "id": action_id,
             "epoch": epoch,
             "state": state.value,
             "reason": reason,
             "ref": ref,
+            "cause": cause,
         }
         return bool(await self._end(params))
 
-    async def finish_retry(self, action_id: int, epoch: int, after: timedelta) -> bool:
-        params = {"id": action_id, "epoch": epoch, "after": after}
+    async def finish_retry(
+        self, action_id: int, epoch: int, after: timedelta, reason: str | None = None
+    ) -> bool:
+        params = {"id": action_id, "epoch": epoch, "after": after, "reason": reason}
         return await self.run(_single("finish_retry", self.schema, params))
 
-    async def finish_defer(self, action_id: int, epoch: int, after: timedelta) -> bool:
-        params = {"id": action_id, "epoch": epoch, "after": after}
+    async def finish_defer(
+        self, action_id: int, epoch: int, after: timedelta, reason: str | None = None
+    ) -> bool:
+        params = {"id": action_id, "epoch": epoch, "after": after, "reason": reason}
         return await self.run(_single("finish_defer", self.schema, params))
 
     async def make_due(self) -> None:

@@ -1,36 +1,29 @@
 """Shared fixtures: the real PostgreSQL (and brokers) from the environment, a fresh schema a test.
 
 URLs come from OUTBOX_TEST_DATABASE_URL / OUTBOX_TEST_REDIS_URL / OUTBOX_TEST_RABBITMQ_URL and
-default to the local services. Where none answers and Docker runs, testcontainers starts one.
+default to the local services. Where PostgreSQL does not answer and Docker runs, testcontainers
+starts one. A service that does not answer skips the tests that need it, with a reason naming it;
+in CI (``CI=true``) it fails them instead, because a green run that tested nothing is worse than
+a red one.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import socket
 from collections.abc import Iterator
-from urllib.parse import urlparse
 
 import psycopg
 import pytest
 
 from outbox import Outbox
+from tests.services import reachable, require_reachable
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 _schemas = itertools.count()
-
-
-def _reachable(url: str) -> bool:
-    parsed = urlparse(url)
-    try:
-        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 5432), 2):
-            return True
-    except OSError:
-        return False
 
 
 def _docker_available() -> bool:
@@ -46,8 +39,8 @@ def _docker_available() -> bool:
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     url = os.environ.get("OUTBOX_TEST_DATABASE_URL", DEFAULT_DATABASE_URL)
-    if _reachable(url) or not _docker_available():
-        yield url
+    if reachable(url, 5432) or not _docker_available():
+        yield require_reachable("PostgreSQL", url, 5432)
         return
     from testcontainers.postgres import PostgresContainer  # type: ignore[import-not-found]
 
@@ -57,12 +50,14 @@ def database_url() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    return os.environ.get("OUTBOX_TEST_REDIS_URL", DEFAULT_REDIS_URL)
+    url = os.environ.get("OUTBOX_TEST_REDIS_URL", DEFAULT_REDIS_URL)
+    return require_reachable("Redis", url, 6379)
 
 
 @pytest.fixture(scope="session")
 def rabbitmq_url() -> str:
-    return os.environ.get("OUTBOX_TEST_RABBITMQ_URL", DEFAULT_RABBITMQ_URL)
+    url = os.environ.get("OUTBOX_TEST_RABBITMQ_URL", DEFAULT_RABBITMQ_URL)
+    return require_reachable("RabbitMQ", url, 5672)
 
 
 @pytest.fixture

@@ -82,7 +82,14 @@ def rows(conn: psycopg.Connection, schema: str, where: str = "true") -> list[dic
         return cur.fetchall()
 
 
+def fold_lane_intake(conn: psycopg.Connection, schema: str) -> int:
+    """Folds every pending lane-intake row into the lane rows, as a claim does first."""
+    return conn.execute(f'SELECT "{schema}".agent_action_lane_intake(1000000)').fetchone()[0]
+
+
 def lanes(conn: psycopg.Connection, schema: str) -> list[tuple]:
+    """The lane rows, once the lane intake is folded (as every claim does first)."""
+    fold_lane_intake(conn, schema)
     return conn.execute(
         f"SELECT lane_key, head_id, head_kind, head_due_at, executing_id "
         f'FROM "{schema}".agent_action_lane ORDER BY lane_key'

@@ -14,23 +14,38 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from urllib.parse import urlparse
 
 import psycopg
 import pytest
 import redis
 
 from benchmarks.__main__ import SCENARIOS
-from benchmarks.common import REDIS_URL
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = {"scenario", "n", "actions_per_s", "p50_ms", "p99_ms", "ratio", "ratio_to"}
 
 
-def run_benchmarks(run_id: str, *args: str) -> tuple[list[dict], str]:
+#: The benchmarks' Redis database (as in benchmarks/common.py), on the test suite's Redis.
+BENCH_REDIS_DB = "/14"
+
+
+def bench_redis_url(redis_url: str) -> str:
+    return urlparse(redis_url)._replace(path=BENCH_REDIS_DB).geturl()
+
+
+def run_benchmarks(
+    run_id: str, database_url: str, redis_url: str, *args: str
+) -> tuple[list[dict], str]:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--scale", "0.01", *args],
         cwd=REPO,
-        env={**os.environ, "OUTBOX_BENCH_RUN_ID": run_id},
+        env={
+            **os.environ,
+            "OUTBOX_BENCH_RUN_ID": run_id,
+            "OUTBOX_BENCH_DATABASE_URL": database_url,
+            "OUTBOX_BENCH_REDIS_URL": bench_redis_url(redis_url),
+        },
         capture_output=True,
         text=True,
         timeout=240,
@@ -41,9 +56,9 @@ def run_benchmarks(run_id: str, *args: str) -> tuple[list[dict], str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_each_scenario_reports_every_key_and_drops_its_schema(name, database_url):
+def test_each_scenario_reports_every_key_and_drops_its_schema(name, database_url, redis_url):
     run_id = f"smoke_{uuid.uuid4().hex[:8]}"
-    rows, table = run_benchmarks(run_id, "--only", name)
+    rows, table = run_benchmarks(run_id, database_url, redis_url, "--only", name)
     assert rows, table
     for row in rows:
         assert row.keys() >= KEYS, row
@@ -58,5 +73,5 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(name, database_url
             "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (f"bench%{run_id}",)
         ).fetchall()
     assert left == []
-    with redis.Redis.from_url(REDIS_URL) as client:
+    with redis.Redis.from_url(bench_redis_url(redis_url)) as client:
         assert list(client.scan_iter(match=f"*{run_id}*")) == []

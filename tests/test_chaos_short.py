@@ -18,14 +18,18 @@ from typing import Any
 
 import pytest
 
-from benchmarks.chaos import checks
+from benchmarks.chaos import checks, servers
 from benchmarks.chaos.checks import Evidence
 from benchmarks.chaos.fleet import MAX_KILL_LEAD, Fleet, Member
 from benchmarks.chaos.soak import Options, run
+from tests.services import missing_service
 
 
 @pytest.mark.slow
 def test_short_soak_under_sigkills_restarts_and_a_pool_outage_keeps_every_guarantee() -> None:
+    missing = servers.missing_binaries()
+    if missing:
+        missing_service(missing)
     outcome = run(Options(actions=2500, duration=40.0, kill_interval=3.0, seed=3, erasures=4))
     print("\n" + outcome.table)
     failed = [c for c in outcome.checks if not c.ok]

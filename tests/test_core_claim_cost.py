@@ -46,6 +46,7 @@ def fill(conn, schema: str, *, hot_lane: int, single_lanes: int, ended: int = 0)
         " now() - interval '1 hour' FROM generate_series(1, %s) g",
         (single_lanes,),
     )
+    conn.execute("SELECT agent_action_lane_intake(10000000)")  # as the next claim would
     conn.commit()
     # Steady state: autovacuum has cleaned up behind the bulk load, as it would in production.
     conn.autocommit = True
@@ -66,7 +67,7 @@ def claim_buffers(conn, schema: str, limit: int = 100) -> tuple[int, int, int]:
     with conn.transaction(force_rollback=True):
         (plan,) = conn.execute(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql,
-            {"kind": "NOTE", "limit": limit, "lease": timedelta(minutes=5)},
+            {"kind": "NOTE", "limit": limit, "lease": timedelta(minutes=5), "take": False},
         ).fetchone()
     top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
     buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
@@ -86,7 +87,10 @@ def test_a_hot_lane_costs_a_claim_no_more_than_a_small_table(make_outbox, databa
     with psycopg.connect(database_url) as conn:
         fill(conn, schema, hot_lane=0, single_lanes=1_000)
         small, small_visited, small_rows = claim_buffers(conn, schema)
-        conn.execute(f'TRUNCATE "{schema}".agent_action, "{schema}".agent_action_lane')
+        conn.execute(
+            f'TRUNCATE "{schema}".agent_action, "{schema}".agent_action_lane,'
+            f' "{schema}".agent_action_lane_intake'
+        )
         conn.commit()
         fill(conn, schema, hot_lane=100_000, single_lanes=1_000)
         hot, hot_visited, hot_rows = claim_buffers(conn, schema)
@@ -101,7 +105,10 @@ def test_history_costs_a_claim_nothing(make_outbox, database_url, schema):
     with psycopg.connect(database_url) as conn:
         fill(conn, schema, hot_lane=0, single_lanes=1_000)
         small, small_visited, _ = claim_buffers(conn, schema)
-        conn.execute(f'TRUNCATE "{schema}".agent_action, "{schema}".agent_action_lane')
+        conn.execute(
+            f'TRUNCATE "{schema}".agent_action, "{schema}".agent_action_lane,'
+            f' "{schema}".agent_action_lane_intake'
+        )
         conn.commit()
         fill(conn, schema, hot_lane=0, single_lanes=1_000, ended=200_000)
         with_history, visited, rows_claimed = claim_buffers(conn, schema)

@@ -34,7 +34,7 @@ from outbox import (
     enqueue_many_async,
 )
 from outbox.enqueuing import enqueue_many_operation
-from tests.support import expected_lanes, lanes, rows, wait_until
+from tests.support import expected_lanes, fold_lane_intake, lanes, rows, wait_until
 
 NOTE = ActionKind("NOTE")
 
@@ -106,7 +106,8 @@ def keys(conn: psycopg.Connection, schema: str) -> list[str]:
 
 def normalised_lanes(conn: psycopg.Connection, schema: str) -> list[tuple]:
     """Lane rows with ids turned into idempotency keys and due times into due-or-not, so two
-    schemas (whose ids and clocks differ) compare."""
+    schemas (whose ids and clocks differ) compare; once the lane intake is folded."""
+    fold_lane_intake(conn, schema)
     return conn.execute(
         f"""
         SELECT l.lane_key, h.idempotency_key, l.head_kind, l.head_due_at IS NOT NULL,
@@ -429,7 +430,7 @@ def prepare(conn: psycopg.Connection, schema: str) -> None:
     enqueue(conn, request("old", lane="B"), schema=schema)
     conn.execute(
         f"UPDATE \"{schema}\".agent_action SET state = 'EXECUTING', epoch = epoch + 1,"
-        " attempt = attempt + 1, lease_until = now() + interval '1 minute'"
+        " lease_until = now() + interval '1 minute'"
         " WHERE idempotency_key = 'exec'"
     )
     conn.commit()

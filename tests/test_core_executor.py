@@ -418,3 +418,17 @@ def test_drain_raises_when_it_does_not_settle(make_outbox, database_url):
     put(ob, database_url)
     with pytest.raises(DrainDidNotSettle):
         drain(ob, max_rounds=5)
+
+
+def test_attempts_that_run_out_keep_the_last_retry_reason(make_outbox, database_url, schema):
+    ob = build(make_outbox, ScriptedAdapter(lambda attempt: Retry(reason="SMTP_LOGIN_535")))
+    [action] = put(ob, database_url, max_attempts=2)
+    drain(ob)
+    with psycopg.connect(database_url) as conn:
+        [row] = rows(conn, schema, f"id = {action.id}")
+    assert (row["state"], row["stop_reason"], row["attempt"]) == (
+        "FAILED",
+        StopReason.ATTEMPTS_EXHAUSTED,
+        2,
+    )
+    assert row["retry_reason"] == "SMTP_LOGIN_535"

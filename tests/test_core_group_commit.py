@@ -79,7 +79,7 @@ async def test_a_fence_with_less_than_its_margin_left_is_refused_inside_a_batch(
 async def test_a_twin_delivery_in_one_batch_is_taken_once(make_outbox, database_url, schema):
     ob = setup(make_outbox, database_url, schema, 20)
     async with ob.store() as store:
-        claimed = await store.claim({"NOTE": 20}, ob.settings.lease)
+        claimed = await store.claim({"NOTE": 20}, ob.settings.lease, take=False)
         keys = [(c.action.id, c.action.epoch) for c in claimed]
         # Each message delivered twice, all at once: one take per (id, epoch).
         taken = await asyncio.gather(*(store.take_attempt(i, e) for i, e in keys + keys))

@@ -216,7 +216,7 @@ def test_lane_rows_always_equal_what_the_actions_say(lane_db, schema, operations
         elif op == "claim":
             conn.execute(
                 "UPDATE agent_action a SET state = 'EXECUTING', epoch = epoch + 1,"
-                " attempt = attempt + 1, lease_until = now() + interval '1 minute'"
+                " lease_until = now() + interval '1 minute'"
                 " FROM agent_action_lane l WHERE l.lane_key = %s AND a.id = l.head_id"
                 " AND l.executing_id IS NULL AND a.state = 'ADMITTED'",
                 (lane,),
@@ -240,7 +240,7 @@ def test_lane_rows_always_equal_what_the_actions_say(lane_db, schema, operations
         elif op == "claim-every-lane":
             conn.execute(
                 "UPDATE agent_action a SET state = 'EXECUTING', epoch = epoch + 1,"
-                " attempt = attempt + 1, lease_until = now() + interval '1 minute'"
+                " lease_until = now() + interval '1 minute'"
                 " FROM agent_action_lane l WHERE a.id = l.head_id"
                 " AND l.executing_id IS NULL AND a.state = 'ADMITTED'"
             )

@@ -1,5 +1,8 @@
 """The guard trigger and ActionState agree on every ordered pair of states, and the trigger
-refuses what SPEC.md says it refuses, whoever writes the SQL."""
+refuses, whoever writes the SQL, every row the lifecycle forbids: an illegal transition, a change
+to an ended row, an unknown kind, a missing workspace for a workspace-level kind, an epoch that
+does not rise by exactly one on a claim, a fence on a waiting action, a second executing action
+in a lane, and a reclaim of an at-most-once action whose write started."""
 
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ def move(conn, action_id: int, new: ActionState) -> None:
     """The canonical update into ``new``: a claim for EXECUTING, an end for ended states."""
     if new is ActionState.EXECUTING:
         conn.execute(
-            "UPDATE agent_action SET state = 'EXECUTING', epoch = epoch + 1, attempt = attempt + 1,"
+            "UPDATE agent_action SET state = 'EXECUTING', epoch = epoch + 1,"
             " lease_until = now() + interval '1 hour' WHERE id = %s",
             (action_id,),
         )
@@ -185,6 +188,7 @@ def test_one_bad_row_refuses_a_whole_multi_row_insert_and_leaves_no_lane(db):
         " VALUES ('NOTE', 'w', 'a', 'k1', '{}'), ('NOTE', 'w', 'a', 'k2', '{}'),"
         " ('NOTE', 'w', 'c', 'k3', '{}')"
     )
+    db.execute("SELECT agent_action_lane_intake(100)")
     lanes = db.execute(
         "SELECT l.lane_key, l.head_id = (SELECT min(id) FROM agent_action a"
         "  WHERE a.lane_key = l.lane_key) FROM agent_action_lane l ORDER BY 1"
@@ -195,16 +199,29 @@ def test_one_bad_row_refuses_a_whole_multi_row_insert_and_leaves_no_lane(db):
 @pytest.mark.parametrize(
     "change",
     [
-        "state = 'EXECUTING', attempt = 1, lease_until = now()",  # claim without epoch rise
-        "state = 'EXECUTING', epoch = 2, attempt = 1, lease_until = now()",  # epoch + 2
-        "state = 'EXECUTING', epoch = 1, lease_until = now()",  # attempt not raised
+        "state = 'EXECUTING', lease_until = now()",  # claim without epoch rise
+        "state = 'EXECUTING', epoch = 2, lease_until = now()",  # epoch + 2
+        "state = 'EXECUTING', epoch = 1, attempt = 1, lease_until = now()",  # attempt, no take
+        "state = 'EXECUTING', epoch = 1, attempt = 2, taken_epoch = 1, lease_until = now()",
         "epoch = 1",  # epoch moves without a claim
     ],
 )
-def test_a_claim_raises_the_epoch_by_exactly_one(db, change):
+def test_a_claim_raises_the_epoch_by_exactly_one_and_the_attempt_only_with_its_take(db, change):
     action_id = insert(db)
     with pytest.raises(psycopg.errors.CheckViolation):
         db.execute(f"UPDATE agent_action SET {change} WHERE id = %s", (action_id,))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "state = 'EXECUTING', epoch = 1, lease_until = now()",  # a claim: no attempt spent
+        "state = 'EXECUTING', epoch = 1, attempt = 1, taken_epoch = 1, lease_until = now()",
+    ],
+)
+def test_a_claim_spends_no_attempt_unless_it_is_the_take(db, change):
+    action_id = insert(db)
+    db.execute(f"UPDATE agent_action SET {change} WHERE id = %s", (action_id,))
 
 
 def test_the_epoch_never_falls(db):

@@ -14,6 +14,7 @@ from psycopg_pool import ConnectionPool
 from outbox import ActionKind, ActionRequest, Done, Failed, Uncertain, enqueue
 from outbox.dashboard import DashboardApp, serve
 from outbox.testing import drain
+from tests.services import missing_service
 from tests.support import ScriptedAdapter
 
 NOTE = ActionKind("NOTE")
@@ -23,7 +24,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def render(url: str) -> str:
     """The DOM after Chromium loaded ``url`` (what a person's browser would show)."""
     if CHROMIUM is None:
-        pytest.skip("Chromium is not installed (CI installs Debian's chromium package)")
+        missing_service("chromium not found on PATH (CI installs Debian's chromium package)")
     completed = subprocess.run(
         [
             CHROMIUM,

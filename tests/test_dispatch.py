@@ -17,7 +17,9 @@ import pytest
 import redis
 from dispatch_support import DispatchRig, assert_lanes_held
 
+from outbox import ActionRequest
 from outbox.dispatch import broker_from_url, install
+from outbox.status import status
 from tests.apps import dispatch_app
 
 pytestmark = pytest.mark.slow
@@ -160,7 +162,8 @@ def test_claimer_killed_between_commit_and_push_action_reclaimed_after_lease_run
     rig.worker(threads=2)
     rig.claimer()
     [row] = rig.wait_ended([action_id], timeout=30)
-    assert (row["state"], row["attempt"], row["epoch"]) == ("DONE", 2, 2)
+    # The lost claim cost no attempt: only the worker's take of the reclaim counts one.
+    assert (row["state"], row["attempt"], row["epoch"]) == ("DONE", 1, 2)
     calls = rig.calls()
     assert [(c["action_id"], c["epoch"]) for c in calls] == [(action_id, 2)]
     assert len(rig.effects()) == 1
@@ -176,7 +179,7 @@ def test_same_message_delivered_twice_second_is_abandoned_and_effect_happens_onc
 
     async def claim() -> int:
         async with outbox.store() as store:
-            [claimed] = await store.claim({rig.rb: 1}, outbox.settings.lease)
+            [claimed] = await store.claim({rig.rb: 1}, outbox.settings.lease, take=False)
             return claimed.action.epoch
 
     epoch = asyncio.run(claim())
@@ -208,7 +211,7 @@ def test_one_message_of_several_pairs_runs_each_once_and_drops_its_twin_and_stal
 
     async def claim() -> dict[int, int]:
         async with outbox.store() as store:
-            claimed = await store.claim({rig.rb: 3}, outbox.settings.lease)
+            claimed = await store.claim({rig.rb: 3}, outbox.settings.lease, take=False)
             return {c.action.id: c.action.epoch for c in claimed}
 
     epochs = asyncio.run(claim())
@@ -334,3 +337,92 @@ def test_existing_dramatiq_shop_runs_its_actors_and_the_outbox_with_one_command(
     shop.stop()
     log = shop.output()
     assert "outbox worker runtime started" in log, "the outbox actors did not join the shop"
+
+
+# -- outages cost nothing ----------------------------------------------------------------------
+
+
+def test_a_worker_outage_of_several_leases_spends_no_attempt_and_ends_nothing(
+    rig: DispatchRig,
+) -> None:
+    short = {"OUTBOX_LEASE_SECONDS": "2", "OUTBOX_WRITE_MARGIN_SECONDS": "0.5"}
+    rig.settings.update(short)
+    ids = rig.enqueue(rig.rb, lanes=30, per_lane=1)
+    claimer = rig.claimer()
+    time.sleep(5 * 2.0 + 1.0)  # five leases without a single worker
+    with rig.connect() as conn:
+        rows = rig.actions(conn, ids)
+    assert [r["state"] for r in rows if r["ended_at"]] == [], "an action ended with no worker"
+    assert {r["attempt"] for r in rows} == {0}, "a claim nobody took spent an attempt"
+    client = redis.Redis.from_url(rig.broker_url)
+    queued = sum(client.llen(f"dramatiq:{q}") for q in rig.queues)
+    # The first claim pushed 30 actions; after that, one probe at a time, never a lease's worth.
+    assert queued <= 30 // 8 + 1 + 6, queued
+    assert "were not taken by any worker within their lease" in claimer.output()
+    with rig.connect() as conn:
+        report = status(conn, schema=rig.schema)
+    assert report.backlog[rig.rb]["unconsumed"] > 0
+
+    rig.worker(threads=8)
+    rows = rig.wait_ended(ids, timeout=30)
+    assert {(r["state"], r["attempt"]) for r in rows} == {("DONE", 1)}
+    assert Counter(c["action_id"] for c in rig.calls()) == dict.fromkeys(ids, 1)
+    deadline = time.monotonic() + 10
+    while "claiming resumes" not in claimer.output() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "claiming resumes" in claimer.output()
+
+
+def _peak_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status_file:
+        for line in status_file:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.slow
+def test_the_claimer_never_loads_the_payloads_it_claims(rig: DispatchRig) -> None:
+    ids = rig.enqueue(rig.rb, lanes=24, per_lane=1, payload={"blob": "x" * 4_000_000})
+    claimer = rig.claimer()
+    deadline = time.monotonic() + 30
+    while True:
+        with rig.connect() as conn:
+            rows = rig.actions(conn, ids)
+        if all(r["state"] == "EXECUTING" for r in rows) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert all(r["state"] == "EXECUTING" for r in rows)
+    # 24 payloads of 4 MB are 96 MB; a claimer that read them would hold at least that.
+    assert _peak_rss_mib(claimer.popen.pid) < 90
+
+
+def test_newsletters_enqueued_under_a_busy_pool_never_fail_the_callers_transaction(
+    rig: DispatchRig,
+) -> None:
+    """One transaction a newsletter: an action for each of 1,000 people, a lane each, while a
+    claimer and a worker pool finish the previous newsletter."""
+    rig.settings.update({"OUTBOX_IN_FLIGHT": "512"})
+    rig.claimer()
+    rig.worker(processes=2, threads=16)
+    outbox = rig.outbox()
+    ids: list[int] = []
+    for letter in range(6):
+        batch = [
+            ActionRequest(
+                kind=rig.rb,
+                workspace_id="w1",
+                lane_key=f"person-{person}",
+                idempotency_key=f"letter-{letter}-{person}",
+            )
+            for person in range(1000)
+        ]
+        with psycopg.connect(rig.database_url) as conn:
+            if letter % 2:
+                ids.extend(a.id for a in outbox.enqueue_many(conn, batch))
+            else:
+                ids.extend(outbox.enqueue(conn, item).id for item in batch)
+    rows = rig.wait_ended(ids, timeout=120)
+    assert {r["state"] for r in rows} == {"DONE"}
+    assert Counter(c["action_id"] for c in rig.calls()) == dict.fromkeys(ids, 1)
+    assert_lanes_held(rig.calls())

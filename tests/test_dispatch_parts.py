@@ -140,7 +140,7 @@ async def test_a_message_is_taken_once_per_epoch_and_never_with_a_stale_epoch(
     )
     [action_id] = _enqueue(outbox, kind, 1)
     async with outbox.store() as store:
-        [claimed] = await store.claim({kind: 1}, outbox.settings.lease)
+        [claimed] = await store.claim({kind: 1}, outbox.settings.lease, take=False)
         epoch = claimed.action.epoch
         assert await store.take_attempt(action_id, epoch - 1) is None
         taken = await store.take_attempt(action_id, epoch)
@@ -225,10 +225,10 @@ async def test_claimer_wakes_on_the_enqueue_notify_long_before_its_poll_interval
 
 def test_worker_command_passes_processes_threads_queues_and_dramatiq_options_through() -> None:
     args = argparse.Namespace(
-        processes=3, threads=16, queues=["outbox.email"], dramatiq_args=["--", "--verbose"]
+        processes=3, threads=16, queues=["outbox.email"], dramatiq_args=["--verbose"]
     )
     argv = worker_argv(args)
-    assert argv[1:4] == ["-m", "dramatiq", "workers.entry"]
+    assert argv[1:4] == ["-m", "outbox.dispatch.launch", "outbox.dispatch.worker"]
     assert argv[4:] == [
         "--processes",
         "3",

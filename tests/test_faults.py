@@ -26,7 +26,8 @@ from fault_support import (
     wait_until,
 )
 
-from benchmarks.chaos.servers import PrivatePostgres, PrivateRedis
+from benchmarks.chaos.servers import PrivatePostgres, PrivateRedis, missing_binaries
+from tests.services import missing_service
 
 pytestmark = pytest.mark.slow
 
@@ -35,14 +36,22 @@ LEASE = 3.0
 MAX_STALL = 2.5
 
 
+def _require_binaries() -> None:
+    missing = missing_binaries()
+    if missing:
+        missing_service(missing)
+
+
 @pytest.fixture
 def private_redis() -> Iterator[PrivateRedis]:
+    _require_binaries()
     with PrivateRedis() as server:
         yield server
 
 
 @pytest.fixture
 def private_postgres() -> Iterator[PrivatePostgres]:
+    _require_binaries()
     with PrivatePostgres() as server:
         yield server
 

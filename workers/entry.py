@@ -1,15 +1,11 @@
-"""The Dramatiq worker entry of the outbox.
+"""The Dramatiq worker entry as the repo's deployable folder names it:
 
     OUTBOX_APP=myapp.outbox:outbox dramatiq workers.entry --processes 2 --threads 8
 
-imports the application's ``Outbox``, joins one actor per kind to the broker (from
-``OUTBOX_BROKER_URL``, or the broker the application installed the outbox on) and sets it as
-Dramatiq's broker, which is what ``dramatiq workers.entry`` then runs. ``outbox worker APP`` is
-a wrapper around exactly that command.
+is the same command as ``dramatiq outbox.dispatch.worker`` (the installed package's own entry,
+which ``outbox worker APP`` runs); this folder is not part of the wheel.
 """
 
-from outbox.dispatch.entry import dispatch_from_env
+from outbox.dispatch.worker import broker, dispatch
 
-dispatch = dispatch_from_env()
-#: ``dramatiq workers.entry:broker`` names it explicitly.
-broker = dispatch.broker
+__all__ = ["broker", "dispatch"]

@@ -13,7 +13,7 @@ from benchmarks.chaos.soak import DEFAULT_BROKER_URL, DEFAULT_DATABASE_URL, Opti
 
 #: ``--short``: the CI version, about a minute end to end.
 SHORT = {"actions": 2500, "duration": 40.0, "kill_interval": 3.0}
-#: Without ``--short``: the long run the README documents.
+#: Without ``--short``: the long run (docs/chaos.md).
 LONG = {"actions": 12000, "duration": 330.0, "kill_interval": 4.0}
 
 

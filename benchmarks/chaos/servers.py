@@ -35,6 +35,15 @@ START_TIMEOUT = 30.0
 _PR_SET_PDEATHSIG = 1
 
 
+def missing_binaries() -> str | None:
+    """What is missing to start the private servers here, or None."""
+    if not (PG_BIN / "initdb").exists():
+        return f"PostgreSQL server binaries not found in {PG_BIN} (set OUTBOX_PG_BIN)"
+    if shutil.which(REDIS_SERVER) is None:
+        return f"{REDIS_SERVER} not found (set OUTBOX_REDIS_SERVER)"
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

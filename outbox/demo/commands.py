@@ -7,6 +7,7 @@ import logging
 
 from psycopg_pool import ConnectionPool
 
+from outbox.cli_args import port, positive_float, positive_int
 from outbox.loader import load_app
 from outbox.outbox import Outbox
 
@@ -28,8 +29,12 @@ def setup_demo(sub: argparse._SubParsersAction) -> None:
         help="run the outbox end to end: embedded PostgreSQL, in-process broker and SMTP sink "
         "unless OUTBOX_DATABASE_URL / OUTBOX_BROKER_URL / OUTBOX_SMTP_URL are set",
     )
-    p.add_argument("--people", type=int, default=200, help="demo people to email (default 200)")
-    p.add_argument("--timeout", type=float, default=120.0, help="give up after this many seconds")
+    p.add_argument(
+        "--people", type=positive_int, default=200, help="demo people to email (default 200)"
+    )
+    p.add_argument(
+        "--timeout", type=positive_float, default=120.0, help="give up after this many seconds"
+    )
     p.set_defaults(func=_cmd_demo)
 
 
@@ -67,5 +72,5 @@ def setup_dashboard(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--database-url", help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL)")
     p.add_argument("--schema", help="PostgreSQL schema (default: $OUTBOX_SCHEMA or outbox)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks one)")
+    p.add_argument("--port", type=port, default=8080, help="port (default 8080; 0 picks one)")
     p.set_defaults(func=_cmd_dashboard)

@@ -71,8 +71,8 @@ class Dispatch:
 
     def push_many(self, items: Iterable[tuple[int, int, str]]) -> list[Message[Any]]:
         """Puts ``(action_id, epoch, kind)`` items on their queues, ``messages(items)`` of them:
-        on Redis in one pipelined round trip (a claim batch's pushes were most of the claimer's
-        CPU), elsewhere one message at a time. Returns the messages.
+        on Redis in one pipelined round trip (a round trip a message would be most of the
+        claimer's work), elsewhere one message at a time. Returns the messages.
 
         Each message still goes through the broker's ``enqueue`` and its middleware. Raises if
         the round trip failed, and then none, some or all of the messages may have been queued:

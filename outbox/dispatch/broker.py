@@ -14,13 +14,14 @@ import dramatiq.broker
 from dramatiq import Broker
 from dramatiq.middleware import Middleware
 
+from outbox.config import RABBITMQ_SCHEMES, REDIS_SCHEMES
 from outbox.errors import ConfigurationError
 
 #: The broker used when nothing names one: Redis is the outbox's default broker.
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
-_RABBITMQ_SCHEMES = ("amqp", "amqps")
+_REDIS_SCHEMES = REDIS_SCHEMES
+_RABBITMQ_SCHEMES = RABBITMQ_SCHEMES
 
 
 def broker_from_url(url: str, *, middleware: list[Middleware] | None = None) -> Broker:

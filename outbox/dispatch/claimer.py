@@ -25,10 +25,11 @@ from psycopg import sql
 from outbox import metrics
 from outbox._io import Operation, Statement, run_async
 from outbox.dispatch.actors import Dispatch
+from outbox.dispatch.consumption import ConsumptionWatch
 from outbox.executor import report_housekeeping
 from outbox.housekeeping import operations_housekeeping
 from outbox.queries import queries_for
-from outbox.store import ClaimedAction, Store, claim_operation
+from outbox.store import INTAKE_BATCH, ClaimedAction, Store, claim_operation, intake_operation
 
 log = logging.getLogger("outbox.claimer")
 
@@ -45,15 +46,20 @@ class Round:
 
     claimed: list[ClaimedAction] = field(default_factory=list)
     pushed: int = 0
+    #: What each kind whose claims are consumed asked for (probing kinds are not listed).
     limits: dict[str, int] = field(default_factory=dict)
     in_flight: dict[str, int] = field(default_factory=dict)
+    #: Lane-intake rows this round folded; a full batch means more are waiting.
+    folded: int = 0
 
     @property
     def more_due(self) -> bool:
-        """Some kind got all it asked for: more may be due right now."""
+        """Some kind got all it asked for, or the lane intake had more: more may be due now."""
         by_kind: dict[str, int] = {}
         for item in self.claimed:
             by_kind[item.action.kind] = by_kind.get(item.action.kind, 0) + 1
+        if self.folded >= INTAKE_BATCH:
+            return True
         return any(n and by_kind.get(kind, 0) >= n for kind, n in self.limits.items())
 
     @property
@@ -62,18 +68,54 @@ class Round:
 
 
 def bounded_claim_operation(
-    schema: str, kinds: Iterable[str], in_flight: int, batch_size: int, lease: timedelta
+    schema: str,
+    kinds: Iterable[str],
+    in_flight: int,
+    batch_size: int,
+    lease: timedelta,
+    watch: ConsumptionWatch,
 ) -> Operation[Round]:
-    """Counts in-flight actions per kind and claims up to the bound; run it in a transaction."""
+    """Folds the lane intake, counts in-flight and unconsumed claims per kind, and claims up to
+    the bound (one probe for a kind whose claims no worker takes); run it in a transaction."""
     q = queries_for(schema)
     yield Statement(q["claim_lock"], {"schema": schema})
+    folded = yield from intake_operation(schema)
     rows = yield Statement(q["executing_by_kind"])
-    counts = {row["kind"]: row["n"] for row in rows}
-    names = list(kinds)
-    current = {kind: counts.get(kind, 0) for kind in names}
-    limits = {kind: max(0, min(batch_size, in_flight - current[kind])) for kind in names}
-    claimed = yield from claim_operation(schema, limits, lease)
-    return Round(claimed=claimed, limits=limits, in_flight=current)
+    counts = {row["kind"]: row for row in rows}
+    current: dict[str, int] = {}
+    limits: dict[str, int] = {}
+    probing: set[str] = set()
+    for kind in kinds:
+        current[kind] = int(counts[kind]["n"]) if kind in counts else 0
+        unconsumed = int(counts[kind]["unconsumed"]) if kind in counts else 0
+        if watch.stalled(kind):
+            probe = watch.probe(kind)
+            if probe is None:
+                waiting, expired = unconsumed > 0, True
+            else:
+                (state,) = yield Statement(q["probe_state"], {"id": probe[0], "epoch": probe[1]})
+                waiting, expired = state["waiting"], state["expired"]
+            if not waiting:
+                watch.resume(kind)
+            else:
+                # Another probe only once this one's lease ran out unconsumed.
+                probing.add(kind)
+                limits[kind] = 1 if expired else 0
+                continue
+        elif unconsumed:
+            watch.stall(kind, unconsumed)
+            probing.add(kind)
+            limits[kind] = 1
+            continue
+        limits[kind] = max(0, min(batch_size, in_flight - current[kind]))
+    claimed = yield from claim_operation(
+        schema, limits, lease, take=False, intake=False, reclaims_only=probing
+    )
+    for item in claimed:
+        if item.action.kind in probing:
+            watch.probed(item.action.kind, item.action.id, item.action.epoch)
+    consumed = {kind: n for kind, n in limits.items() if kind not in probing}
+    return Round(claimed=claimed, limits=consumed, in_flight=current, folded=folded)
 
 
 class Claimer:
@@ -91,6 +133,7 @@ class Claimer:
             raise ValueError(f"no actor installed for kinds {sorted(unknown)}")
         self._listener: psycopg.AsyncConnection[Any] | None = None
         self._next_housekeeping = 0.0
+        self.watch = ConsumptionWatch()
         #: Totals since start, for logs and tests.
         self.totals: dict[str, int] = {"claimed": 0, "pushed": 0, "push_failed": 0, "rounds": 0}
 
@@ -102,6 +145,7 @@ class Claimer:
             self.settings.in_flight,
             self.settings.batch_size,
             self.settings.lease,
+            self.watch,
         )
         async with self.store.connection() as conn, conn.transaction():
             return await run_async(conn, op)

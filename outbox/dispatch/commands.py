@@ -6,14 +6,18 @@ import argparse
 import os
 import sys
 
+from outbox.cli_args import positive_int
 from outbox.dispatch.actors import install
+from outbox.dispatch.broker import broker_from_url
 from outbox.dispatch.claimer import run_claimer
 from outbox.dispatch.entry import APP_ENV
 from outbox.loader import load_app
 from outbox.metrics import prepare_multiprocess_env
 
 #: The module ``dramatiq`` imports in each worker process.
-WORKER_MODULE = "workers.entry"
+WORKER_MODULE = "outbox.dispatch.worker"
+#: Runs ``dramatiq`` with the outbox's log format in every process it starts.
+LAUNCHER_MODULE = "outbox.dispatch.launch"
 
 
 def _add_app(parser: argparse.ArgumentParser) -> None:
@@ -56,21 +60,23 @@ def setup_claimer(sub: argparse._SubParsersAction) -> None:
 
 
 def worker_argv(args: argparse.Namespace) -> list[str]:
-    """The ``dramatiq`` command line the wrapper runs."""
-    argv = [sys.executable, "-m", "dramatiq", WORKER_MODULE]
+    """The ``dramatiq`` command line the wrapper runs (``dramatiq_args``: what followed ``--``)."""
+    argv = [sys.executable, "-m", LAUNCHER_MODULE, WORKER_MODULE]
     argv += ["--processes", str(args.processes), "--threads", str(args.threads)]
     if args.queues:
         argv += ["--queues", *args.queues]
-    extra = list(args.dramatiq_args or [])
-    if extra[:1] == ["--"]:
-        extra = extra[1:]
-    return argv + extra
+    return argv + list(args.dramatiq_args or [])
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     os.environ.update(_overrides(args))
     os.environ[APP_ENV] = args.app
-    app = load_app(args.app)  # fail here, with the outbox's message, rather than in every worker
+    # Fail here, with one line, rather than in every worker process: the app, its settings (the
+    # database and broker URLs parsed) and the broker built from them, before Dramatiq starts.
+    app = load_app(args.app)
+    app.settings.require_database_url()
+    if app.settings.broker_url:
+        broker_from_url(app.settings.broker_url)
     if app.settings.metrics_port:
         # Worker processes write their samples where the metrics fork (and Dramatiq's own
         # Prometheus middleware) read them.
@@ -88,14 +94,16 @@ def setup_worker(sub: argparse._SubParsersAction) -> None:
         help="run a Dramatiq worker pool for the application's kinds (wraps `dramatiq`)",
     )
     _add_app(p)
-    p.add_argument("--processes", "-p", type=int, default=1, help="worker processes (default 1)")
-    p.add_argument("--threads", "-t", type=int, default=8, help="threads per process (default 8)")
+    p.add_argument(
+        "--processes", "-p", type=positive_int, default=1, help="worker processes (default 1)"
+    )
+    p.add_argument(
+        "--threads", "-t", type=positive_int, default=8, help="threads per process (default 8)"
+    )
     p.add_argument(
         "--queues", "-Q", nargs="+", help="only these queues (default: every kind's queue)"
     )
-    p.add_argument(
-        "dramatiq_args",
-        nargs=argparse.REMAINDER,
-        help="after --, more options passed to dramatiq as they are",
-    )
-    p.set_defaults(func=_cmd_worker)
+    # Everything after `--` goes to dramatiq as it is: ``outbox.cli.main`` splits it off before
+    # parsing, so options before and after APP stay the outbox's own.
+    p.usage = "%(prog)s [options] APP [options] [-- DRAMATIQ_OPTION ...]"
+    p.set_defaults(func=_cmd_worker, dramatiq_args=[], passthrough=True)

@@ -1,4 +1,5 @@
-"""Builds the worker side for the application named by ``OUTBOX_APP`` (for workers.entry)."""
+"""Builds the worker side for the application named by ``OUTBOX_APP`` (for the worker entry,
+``outbox.dispatch.worker``)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def dispatch_from_env() -> Dispatch:
     if not spec:
         raise ConfigurationError(
             f"set {APP_ENV} to the module:object of the application's Outbox "
-            f"(e.g. {APP_ENV}=myapp.outbox:outbox dramatiq workers.entry)"
+            f"(e.g. {APP_ENV}=myapp.outbox:outbox dramatiq outbox.dispatch.worker)"
         )
     dispatch = install(load_app(spec))
     dramatiq.set_broker(dispatch.broker)

@@ -110,7 +110,7 @@ def start_claimer(
     wait: bool = True,
 ) -> OutboxProcess:
     """``outbox claimer APP`` with ``env`` (OUTBOX_* settings) added to this environment."""
-    proc = OutboxProcess([sys.executable, "-m", "outbox.cli", "claimer", app, *args], env, cwd)
+    proc = OutboxProcess([sys.executable, "-m", "outbox", "claimer", app, *args], env, cwd)
     if wait:
         proc.wait_for(CLAIMER_READY)
     return proc
@@ -126,8 +126,8 @@ def start_worker(
     cwd: str | None = None,
     wait: bool = True,
 ) -> OutboxProcess:
-    """``outbox worker APP -p N -t N`` (which execs ``dramatiq workers.entry``)."""
-    argv = [sys.executable, "-m", "outbox.cli", "worker", app]
+    """``outbox worker APP -p N -t N`` (which execs ``dramatiq outbox.dispatch.worker``)."""
+    argv = [sys.executable, "-m", "outbox", "worker", app]
     argv += ["--processes", str(processes), "--threads", str(threads)]
     if queues:
         argv += ["--queues", *queues]

@@ -146,7 +146,7 @@ def run_on_loop(loop: asyncio.AbstractEventLoop, make: Callable[[], Coroutine[An
 
     Dramatiq's ``EventLoopThread.run_coroutine``, with a bare lock as the hand-back instead of a
     concurrent Future, its Condition and an Event a message: every wake of a waiting thread
-    costs the loop thread the GIL, which showed as ~13% of a busy worker's CPU. As there, an
+    costs the loop thread the GIL, a cost a busy worker pays on every message. As there, an
     ``Interrupt`` Dramatiq raises in the waiting thread (time limit, shutdown) cancels the task,
     and the thread re-raises it once the task's cancellation cleanup ended.
     """

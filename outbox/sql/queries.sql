@@ -92,10 +92,18 @@ UPDATE {schema}.agent_action
  WHERE id = %(id)s AND state = 'PROPOSED'
 RETURNING *, false AS created
 
+-- name: lane_intake
+-- Folds up to `limit` lane-intake rows (what enqueues, admits, refusals, expiries and erasures
+-- left) into the lane rows, before a claim reads them (function in migration 0005). Never waits
+-- on a lane row; returns how many intake rows it folded.
+SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded
+
 -- name: claim_heads
--- Due, idle lane heads of one kind become EXECUTING under a lease. Lanes another claimer
--- holds are skipped; a lane row is reached through its own small index, never through the lane's
--- backlog.
+-- Due, idle lane heads of one kind become EXECUTING under a lease: the epoch rises, the
+-- attempt does not (a worker's take counts it). With `take` (an in-process executor that runs
+-- what it claims) the claim is the take too, and returns the payload; without, the payload is
+-- not read. Lanes and heads another transaction holds are skipped; a lane row is reached
+-- through its own small index, never through the lane's backlog.
 WITH heads AS (
     SELECT l.head_id
       FROM {schema}.agent_action_lane l
@@ -107,27 +115,43 @@ WITH heads AS (
      ORDER BY l.head_due_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), ready AS (
+    SELECT a.id
+      FROM heads
+      JOIN {schema}.agent_action a ON a.id = heads.head_id
+     WHERE a.state = 'ADMITTED'
+       AND (a.expires_at IS NULL OR a.expires_at > now())
+       -- The lane row may lag its intake (a concurrent transaction's earlier id committed
+       -- after this head was folded): one index probe keeps id order among what committed.
+       AND NOT EXISTS (SELECT 1 FROM {schema}.agent_action b
+                        WHERE b.lane_key = a.lane_key AND b.state IN ('PROPOSED', 'ADMITTED')
+                          AND b.id < a.id)
+       FOR UPDATE OF a SKIP LOCKED  -- a head an application's erasure holds is left
 )
 UPDATE {schema}.agent_action a
-   SET state = 'EXECUTING', epoch = a.epoch + 1, attempt = a.attempt + 1,
-       lease_until = now() + %(lease)s
-  FROM heads
- WHERE a.id = heads.head_id
-   AND a.state = 'ADMITTED'
-   AND (a.expires_at IS NULL OR a.expires_at > now())
-RETURNING a.*, a.lease_until - now() AS lease_left
+   SET state = 'EXECUTING', epoch = a.epoch + 1, lease_until = now() + %(lease)s,
+       attempt = a.attempt + %(take)s::int,
+       taken_epoch = CASE WHEN %(take)s THEN a.epoch + 1 ELSE a.taken_epoch END
+  FROM ready
+ WHERE a.id = ready.id
+RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
+          CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
+          a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
+          a.write_started_at, a.readback_ref, a.stop_reason, a.retry_reason, a.created_at,
+          a.ended_at, a.lease_until - now() AS lease_left
 
 -- name: claim_reclaims
 -- Executing actions whose lease expired are claimed again at once, without waiting for their
 -- lane: a lane whose holder crashed does not stall. Never an at-most-once action whose write
--- started, nor one at its last attempt (housekeeping ends those).
+-- started, nor one whose last attempt ran (housekeeping ends those). A claim that no worker
+-- took spent no attempt, whatever the count. `take` as for claim_heads.
 WITH expired AS (
     SELECT a.id
       FROM {schema}.agent_action a
      WHERE a.state = 'EXECUTING'
        AND a.lease_until <= now()
-       AND a.kind = ANY(%(kinds)s)
-       AND a.attempt < a.max_attempts
+       AND a.kind = %(kind)s
+       AND (a.taken_epoch IS DISTINCT FROM a.epoch OR a.attempt < a.max_attempts)
        AND (a.write_started_at IS NULL OR a.kind IN (
                 SELECT k.name FROM {schema}.agent_action_kind k WHERE NOT k.at_most_once))
      ORDER BY a.lease_until
@@ -135,14 +159,20 @@ WITH expired AS (
        FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.agent_action a
-   SET epoch = a.epoch + 1, attempt = a.attempt + 1, lease_until = now() + %(lease)s
+   SET epoch = a.epoch + 1, lease_until = now() + %(lease)s,
+       attempt = a.attempt + %(take)s::int,
+       taken_epoch = CASE WHEN %(take)s THEN a.epoch + 1 ELSE a.taken_epoch END
   FROM expired
  WHERE a.id = expired.id
-RETURNING a.*, a.lease_until - now() AS lease_left
+RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
+          CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
+          a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
+          a.write_started_at, a.readback_ref, a.stop_reason, a.retry_reason, a.created_at,
+          a.ended_at, a.lease_until - now() AS lease_left
 
 -- name: end_lost_leases
 -- Executing actions whose lease expired and that may not run again end: an at-most-once one
--- whose write started, or any at its last attempt. UNCERTAIN when the write started (the effect
+-- whose write started, or any whose last attempt was taken by a worker. UNCERTAIN when the write started (the effect
 -- may exist), FAILED ATTEMPTS_EXHAUSTED when it provably did not.
 WITH lost AS (
     SELECT a.id, a.write_started_at IS NOT NULL AS wrote
@@ -150,7 +180,8 @@ WITH lost AS (
       JOIN {schema}.agent_action_kind k ON k.name = a.kind
      WHERE a.state = 'EXECUTING'
        AND a.lease_until <= now()
-       AND ((a.write_started_at IS NOT NULL AND k.at_most_once) OR a.attempt >= a.max_attempts)
+       AND ((a.write_started_at IS NOT NULL AND k.at_most_once)
+            OR (a.taken_epoch = a.epoch AND a.attempt >= a.max_attempts))
      ORDER BY a.lease_until
      LIMIT %(limit)s
        FOR UPDATE OF a SKIP LOCKED
@@ -180,9 +211,12 @@ UPDATE {schema}.agent_action a
 RETURNING a.id, a.kind, a.state, a.stop_reason
 
 -- name: take_attempt
--- A worker takes the executing action a Dramatiq message names, once per epoch: nothing when the
--- epoch moved, the action ended or was erased, or another delivery of this epoch took it first.
-UPDATE {schema}.agent_action a SET taken_epoch = a.epoch
+-- A worker takes the executing action a message names, once per epoch: nothing when the epoch
+-- moved, the action ended or was erased, or another delivery of this epoch took it first. The
+-- take is the run: it raises the attempt and starts the lease afresh (a message may have
+-- waited in the broker for most of the claim's lease).
+UPDATE {schema}.agent_action a
+   SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
  WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
    AND a.taken_epoch IS DISTINCT FROM a.epoch
 RETURNING a.*, a.lease_until - now() AS lease_left
@@ -210,14 +244,15 @@ RETURNING id
 -- The attempt ends the action (DONE, UNCERTAIN, FAILED, CANCELLED), if its epoch still holds.
 UPDATE {schema}.agent_action
    SET state = %(state)s, stop_reason = %(reason)s, readback_ref = %(ref)s,
-       payload = NULL, ended_at = now()
+       retry_reason = coalesce(%(cause)s, retry_reason), payload = NULL, ended_at = now()
  WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
 RETURNING id
 
 -- name: take_attempts
 -- take_attempt for many messages in one statement (outbox/batching.py): each row keeps its own
 -- epoch and once-per-epoch check.
-UPDATE {schema}.agent_action a SET taken_epoch = a.epoch
+UPDATE {schema}.agent_action a
+   SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
   FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
  WHERE a.id = ANY(%(ids)s::bigint[])  -- primary-key probes, never a scan of EXECUTING rows
    AND a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
@@ -238,9 +273,9 @@ RETURNING a.id, a.epoch
 -- finish_end for many attempts in one statement: each row keeps its own epoch check.
 UPDATE {schema}.agent_action a
    SET state = m.state, stop_reason = m.reason, readback_ref = m.ref,
-       payload = NULL, ended_at = now()
+       retry_reason = coalesce(m.cause, a.retry_reason), payload = NULL, ended_at = now()
   FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(states)s::text[], %(reasons)s::text[],
-              %(refs)s::text[]) AS m(id, epoch, state, reason, ref)
+              %(refs)s::text[], %(causes)s::text[]) AS m(id, epoch, state, reason, ref, cause)
  WHERE a.id = ANY(%(ids)s::bigint[])  -- primary-key probes, never a scan of EXECUTING rows
    AND a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
 RETURNING a.id, a.epoch
@@ -248,7 +283,7 @@ RETURNING a.id, a.epoch
 -- name: finish_retry
 -- A proven retry: waiting again after `after`, fence and lease cleared, if the epoch holds.
 UPDATE {schema}.agent_action
-   SET state = 'ADMITTED', available_at = now() + %(after)s,
+   SET state = 'ADMITTED', available_at = now() + %(after)s, retry_reason = %(reason)s,
        lease_until = NULL, write_started_at = NULL
  WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
 RETURNING id
@@ -257,7 +292,7 @@ RETURNING id
 -- A deferral: like a retry, and the attempt is given back.
 UPDATE {schema}.agent_action
    SET state = 'ADMITTED', available_at = now() + %(after)s, attempt = attempt - 1,
-       lease_until = NULL, write_started_at = NULL
+       retry_reason = %(reason)s, lease_until = NULL, write_started_at = NULL
  WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
 RETURNING id
 
@@ -267,11 +302,25 @@ UPDATE {schema}.agent_action SET available_at = now()
  WHERE state = 'ADMITTED' AND available_at > now()
 
 -- name: executing_by_kind
--- Claimed and not yet finished, per kind, with a lease that still runs: the in-flight count.
-SELECT kind, count(*) AS n
+-- Claimed and not yet finished, per kind: `n` with a lease that still runs (the in-flight
+-- count), and `unconsumed` whose lease ran out before any worker took their message (the
+-- claimer stops claiming that kind until a worker takes one again).
+SELECT kind,
+       count(*) FILTER (WHERE lease_until > now()) AS n,
+       count(*) FILTER (WHERE lease_until <= now() AND taken_epoch IS DISTINCT FROM epoch)
+           AS unconsumed
   FROM {schema}.agent_action
- WHERE state = 'EXECUTING' AND lease_until > now()
+ WHERE state = 'EXECUTING'
  GROUP BY kind
+
+-- name: probe_state
+-- The claimer's probe `(id, epoch)`: `waiting` while it is still a claim no worker took (false
+-- once taken, ended, erased or claimed again), `expired` once its lease ran out.
+SELECT coalesce(bool_or(state = 'EXECUTING' AND taken_epoch IS DISTINCT FROM epoch), false)
+           AS waiting,
+       coalesce(bool_or(lease_until <= now()), false) AS expired
+  FROM {schema}.agent_action
+ WHERE id = %(id)s AND epoch = %(epoch)s
 
 -- name: erase_subject
 -- Erasure: every action whose subject is the account is deleted.
@@ -341,8 +390,8 @@ SELECT kind, state, count(*) AS n FROM {schema}.agent_action GROUP BY kind, stat
 
 -- name: latest_ended_in_state
 -- Status: the most recently ended actions in one state, newest first, without their payload.
-SELECT id, kind, state, stop_reason, workspace_id, lane_key, attempt, max_attempts, created_at,
-       ended_at
+SELECT id, kind, state, stop_reason, retry_reason, workspace_id, lane_key, attempt, max_attempts,
+       created_at, ended_at
   FROM {schema}.agent_action
  WHERE ended_at IS NOT NULL AND state = %(state)s
  ORDER BY ended_at DESC, id DESC

@@ -1,0 +1,410 @@
+-- The outbox's schema as a fresh `outbox migrate` leaves it, for reading (not for applying:
+-- migrations/ is what runs). Regenerate with `make schema`; tests/test_schema_snapshot.py fails
+-- when this file and migrations/ disagree. The schema is shown as `outbox`, the default name.
+
+-- schema outbox
+
+CREATE SCHEMA outbox;
+
+-- function agent_action_inserted()
+
+CREATE FUNCTION outbox.agent_action_inserted() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox'
+    AS $$
+DECLARE
+    bad record;
+BEGIN
+    SELECT n.id, n.kind, n.state, n.epoch, n.attempt INTO bad
+      FROM new_actions n
+      LEFT JOIN agent_action_kind k ON k.name = n.kind
+     WHERE n.state NOT IN ('PROPOSED', 'ADMITTED') OR n.epoch <> 0 OR n.attempt <> 0
+        OR (n.workspace_id IS NULL AND NOT coalesce(k.instance_level, true))
+     ORDER BY n.id
+     LIMIT 1;
+    IF FOUND THEN
+        IF bad.state NOT IN ('PROPOSED', 'ADMITTED') THEN
+            RAISE EXCEPTION 'guard_agent_action: a new action starts PROPOSED or ADMITTED, not %',
+                bad.state USING ERRCODE = 'check_violation';
+        ELSIF bad.epoch <> 0 OR bad.attempt <> 0 THEN
+            RAISE EXCEPTION 'guard_agent_action: a new action starts at epoch 0 and attempt 0'
+                USING ERRCODE = 'check_violation';
+        END IF;
+        RAISE EXCEPTION 'guard_agent_action: kind % is not instance-level, workspace_id is required',
+            bad.kind USING ERRCODE = 'check_violation';
+    END IF;
+    INSERT INTO agent_action_lane_intake (lane_key) SELECT DISTINCT n.lane_key FROM new_actions n;
+    PERFORM pg_notify('outbox_' || current_schema(), '');
+    RETURN NULL;
+END;
+$$;
+
+-- function agent_action_lane_intake(integer)
+
+CREATE FUNCTION outbox.agent_action_lane_intake(p_limit integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox'
+    AS $$
+DECLARE
+    batch bigint[];
+    keys text[];
+    holds timestamptz[];
+    fresh text[];
+    folded text[] := '{}';
+    lane record;
+    n integer;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(2831, hashtext(current_schema())) THEN
+        RETURN 0;
+    END IF;
+    SELECT array_agg(i.seq) INTO batch
+      FROM (SELECT seq FROM agent_action_lane_intake ORDER BY seq LIMIT p_limit) i;
+    IF batch IS NULL THEN
+        RETURN 0;
+    END IF;
+    SELECT array_agg(k.lane_key ORDER BY k.lane_key), array_agg(k.hold ORDER BY k.lane_key)
+      INTO keys, holds
+      FROM (SELECT i.lane_key, max(i.busy_until) AS hold
+              FROM agent_action_lane_intake i
+             WHERE i.seq = ANY (batch)
+             GROUP BY i.lane_key) k;
+
+    SELECT coalesce(array_agg(k.lane_key), '{}') INTO fresh
+      FROM unnest(keys) AS k(lane_key)
+     WHERE NOT EXISTS (SELECT 1 FROM agent_action_lane l WHERE l.lane_key = k.lane_key);
+    INSERT INTO agent_action_lane (lane_key, head_id, head_kind, head_due_at)
+    SELECT f.lane_key, h.id, h.kind, CASE WHEN h.state = 'ADMITTED' THEN h.available_at END
+      FROM unnest(fresh) AS f(lane_key)
+      JOIN LATERAL (SELECT a.id, a.kind, a.state, a.available_at
+                      FROM agent_action a
+                     WHERE a.lane_key = f.lane_key AND a.state IN ('PROPOSED', 'ADMITTED')
+                     ORDER BY a.id
+                     LIMIT 1) h ON true
+     ORDER BY f.lane_key
+    ON CONFLICT (lane_key) DO NOTHING;
+    -- A lane whose actions all ended or were erased before this intake needs no row.
+    folded := fresh;
+
+    FOR lane IN
+        SELECT l.lane_key, k.hold
+          FROM agent_action_lane l
+          JOIN unnest(keys, holds) AS k(lane_key, hold) ON k.lane_key = l.lane_key
+         WHERE NOT (l.lane_key = ANY (fresh))
+         ORDER BY l.lane_key
+           FOR UPDATE OF l SKIP LOCKED
+    LOOP
+        IF lane.hold IS NOT NULL THEN
+            UPDATE agent_action_lane
+               SET busy_until = greatest(busy_until, lane.hold)
+             WHERE lane_key = lane.lane_key;
+        END IF;
+        PERFORM agent_action_lane_refresh(lane.lane_key);
+        folded := folded || lane.lane_key;
+    END LOOP;
+
+    DELETE FROM agent_action_lane_intake
+     WHERE seq = ANY (batch) AND lane_key = ANY (folded);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END;
+$$;
+
+-- function agent_action_lane_refresh(text)
+
+CREATE FUNCTION outbox.agent_action_lane_refresh(p_lane text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    head record;
+    executing bigint;
+BEGIN
+    PERFORM 1 FROM agent_action_lane WHERE lane_key = p_lane FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO agent_action_lane (lane_key) VALUES (p_lane) ON CONFLICT DO NOTHING;
+        PERFORM 1 FROM agent_action_lane WHERE lane_key = p_lane FOR UPDATE;
+    END IF;
+    SELECT a.id, a.kind, a.state, a.available_at INTO head
+      FROM agent_action a
+     WHERE a.lane_key = p_lane AND a.state IN ('PROPOSED', 'ADMITTED')
+     ORDER BY a.id LIMIT 1;
+    SELECT a.id INTO executing FROM agent_action a WHERE a.lane_key = p_lane AND a.state = 'EXECUTING';
+    IF head.id IS NULL AND executing IS NULL THEN
+        DELETE FROM agent_action_lane
+         WHERE lane_key = p_lane AND (busy_until IS NULL OR busy_until <= now());
+        IF NOT FOUND THEN  -- held by an erased write: keep the row, empty
+            UPDATE agent_action_lane
+               SET head_id = NULL, head_kind = NULL, head_due_at = NULL, executing_id = NULL
+             WHERE lane_key = p_lane;
+        END IF;
+    ELSE
+        UPDATE agent_action_lane l
+           SET head_id = head.id,
+               head_kind = head.kind,
+               head_due_at = CASE WHEN head.state = 'ADMITTED' THEN head.available_at END,
+               executing_id = executing
+         WHERE l.lane_key = p_lane
+           AND (l.head_id, l.head_kind, l.head_due_at, l.executing_id) IS DISTINCT FROM
+               (head.id, head.kind, CASE WHEN head.state = 'ADMITTED' THEN head.available_at END, executing);
+        IF executing IS NULL AND head.state = 'ADMITTED' AND head.available_at <= now() THEN
+            PERFORM pg_notify('outbox_' || current_schema(), '');
+        END IF;
+    END IF;
+END;
+$$;
+
+-- function agent_action_lane_track()
+
+CREATE FUNCTION outbox.agent_action_lane_track() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox'
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        -- An erasure. A write that passed its fence may still be running: its lane stays held
+        -- until the attempt's lease ends.
+        INSERT INTO agent_action_lane_intake (lane_key, busy_until)
+        VALUES (OLD.lane_key,
+                CASE WHEN OLD.state = 'EXECUTING' AND OLD.write_started_at IS NOT NULL
+                     THEN OLD.lease_until END);
+    ELSIF NEW.state = 'EXECUTING' OR OLD.state = 'EXECUTING' THEN
+        PERFORM agent_action_lane_refresh(NEW.lane_key);
+    ELSE
+        INSERT INTO agent_action_lane_intake (lane_key) VALUES (NEW.lane_key);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- function guard_agent_action()
+
+CREATE FUNCTION outbox.guard_agent_action() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox'
+    AS $$
+DECLARE
+    ended constant text[] := ARRAY['DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED'];
+    allowed boolean;
+BEGIN
+    IF OLD.state = ANY (ended) THEN
+        RAISE EXCEPTION 'guard_agent_action: action % ended % and never changes', OLD.id, OLD.state
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF NEW.id IS DISTINCT FROM OLD.id OR NEW.kind IS DISTINCT FROM OLD.kind
+       OR NEW.lane_key IS DISTINCT FROM OLD.lane_key
+       OR NEW.idempotency_key IS DISTINCT FROM OLD.idempotency_key
+       OR NEW.workspace_id IS DISTINCT FROM OLD.workspace_id
+       OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
+        RAISE EXCEPTION 'guard_agent_action: id, kind, lane_key, idempotency_key, workspace_id and created_at of action % never change', OLD.id
+            USING ERRCODE = 'check_violation';
+    END IF;
+
+    -- The transition table; outbox.state.ActionState carries the same one.
+    allowed := CASE OLD.state
+        WHEN 'PROPOSED' THEN NEW.state IN ('PROPOSED', 'ADMITTED', 'CANCELLED')
+        WHEN 'ADMITTED' THEN NEW.state IN ('ADMITTED', 'EXECUTING', 'CANCELLED')
+        WHEN 'EXECUTING' THEN NEW.state <> 'PROPOSED'
+        ELSE false
+    END;
+    IF NOT allowed THEN
+        RAISE EXCEPTION 'guard_agent_action: action % may not go from % to %', OLD.id, OLD.state, NEW.state
+            USING ERRCODE = 'check_violation';
+    END IF;
+
+    -- A claim is the only change of epoch, and every claim raises it by one.
+    IF NEW.epoch IS DISTINCT FROM OLD.epoch OR (NEW.state = 'EXECUTING' AND OLD.state <> 'EXECUTING') THEN
+        IF NEW.state <> 'EXECUTING' OR NEW.epoch IS DISTINCT FROM OLD.epoch + 1 THEN
+            RAISE EXCEPTION 'guard_agent_action: action % epoch % -> %: the epoch rises by exactly one, and only on a claim',
+                OLD.id, OLD.epoch, NEW.epoch USING ERRCODE = 'check_violation';
+        END IF;
+        IF NEW.attempt IS DISTINCT FROM OLD.attempt
+           AND NOT (NEW.attempt = OLD.attempt + 1 AND NEW.taken_epoch IS NOT DISTINCT FROM NEW.epoch) THEN
+            RAISE EXCEPTION 'guard_agent_action: action % attempt % -> %: a claim leaves the attempt as it is, unless it is also the take (then one more)',
+                OLD.id, OLD.attempt, NEW.attempt USING ERRCODE = 'check_violation';
+        END IF;
+        IF OLD.state = 'EXECUTING' AND OLD.write_started_at IS NOT NULL AND
+           (SELECT k.at_most_once FROM agent_action_kind k WHERE k.name = OLD.kind) THEN
+            RAISE EXCEPTION 'guard_agent_action: at-most-once action % started its write and is never claimed again', OLD.id
+                USING ERRCODE = 'check_violation';
+        END IF;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+-- table agent_action
+
+CREATE TABLE outbox.agent_action (
+    id bigint NOT NULL,
+    kind text NOT NULL,
+    state text DEFAULT 'ADMITTED'::text NOT NULL,
+    workspace_id text,
+    lane_key text NOT NULL,
+    idempotency_key text NOT NULL,
+    payload jsonb,
+    subject_account_id text,
+    max_attempts integer DEFAULT 5 NOT NULL,
+    expires_at timestamp with time zone,
+    attempt integer DEFAULT 0 NOT NULL,
+    epoch bigint DEFAULT 0 NOT NULL,
+    available_at timestamp with time zone DEFAULT now() NOT NULL,
+    lease_until timestamp with time zone,
+    write_started_at timestamp with time zone,
+    readback_ref text,
+    stop_reason text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    ended_at timestamp with time zone,
+    taken_epoch bigint,
+    retry_reason text,
+    CONSTRAINT ck_agent_action_counters CHECK (((attempt >= 0) AND (epoch >= 0))),
+    CONSTRAINT ck_agent_action_ended_at CHECK (((state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) = (ended_at IS NOT NULL))),
+    CONSTRAINT ck_agent_action_executing_leased CHECK (((state <> 'EXECUTING'::text) OR (lease_until IS NOT NULL))),
+    CONSTRAINT ck_agent_action_idempotency_key CHECK ((idempotency_key <> ''::text)),
+    CONSTRAINT ck_agent_action_lane_key CHECK ((lane_key <> ''::text)),
+    CONSTRAINT ck_agent_action_max_attempts CHECK ((max_attempts >= 1)),
+    CONSTRAINT ck_agent_action_payload CHECK (((state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) = (payload IS NULL))),
+    CONSTRAINT ck_agent_action_state CHECK ((state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text, 'EXECUTING'::text, 'DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text]))),
+    CONSTRAINT ck_agent_action_stop_reason CHECK (((state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) = (stop_reason IS NOT NULL))),
+    CONSTRAINT ck_agent_action_waiting_unfenced CHECK (((state <> ALL (ARRAY['PROPOSED'::text, 'ADMITTED'::text])) OR ((lease_until IS NULL) AND (write_started_at IS NULL))))
+);
+
+-- sequence agent_action_id_seq
+
+ALTER TABLE outbox.agent_action ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME outbox.agent_action_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+-- table agent_action_kind
+
+CREATE TABLE outbox.agent_action_kind (
+    name text NOT NULL,
+    at_most_once boolean NOT NULL,
+    instance_level boolean NOT NULL,
+    declared_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT agent_action_kind_name_check CHECK ((name ~ '^[A-Z][A-Z0-9_]{0,62}$'::text))
+);
+
+-- table agent_action_lane
+
+CREATE TABLE outbox.agent_action_lane (
+    lane_key text NOT NULL,
+    head_id bigint,
+    head_kind text,
+    head_due_at timestamp with time zone,
+    executing_id bigint,
+    busy_until timestamp with time zone
+);
+
+-- table agent_action_lane_intake
+
+CREATE TABLE outbox.agent_action_lane_intake (
+    seq bigint NOT NULL,
+    lane_key text NOT NULL,
+    busy_until timestamp with time zone
+);
+
+-- sequence agent_action_lane_intake_seq_seq
+
+ALTER TABLE outbox.agent_action_lane_intake ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME outbox.agent_action_lane_intake_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+-- table outbox_migration
+
+CREATE TABLE outbox.outbox_migration (
+    version integer NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+-- constraint agent_action_kind agent_action_kind_pkey
+
+ALTER TABLE ONLY outbox.agent_action_kind
+    ADD CONSTRAINT agent_action_kind_pkey PRIMARY KEY (name);
+
+-- constraint agent_action_lane_intake agent_action_lane_intake_pkey
+
+ALTER TABLE ONLY outbox.agent_action_lane_intake
+    ADD CONSTRAINT agent_action_lane_intake_pkey PRIMARY KEY (seq);
+
+-- constraint agent_action_lane agent_action_lane_pkey
+
+ALTER TABLE ONLY outbox.agent_action_lane
+    ADD CONSTRAINT agent_action_lane_pkey PRIMARY KEY (lane_key);
+
+-- constraint agent_action agent_action_pkey
+
+ALTER TABLE ONLY outbox.agent_action
+    ADD CONSTRAINT agent_action_pkey PRIMARY KEY (id);
+
+-- constraint outbox_migration outbox_migration_pkey
+
+ALTER TABLE ONLY outbox.outbox_migration
+    ADD CONSTRAINT outbox_migration_pkey PRIMARY KEY (version);
+
+-- constraint agent_action ux_agent_action_idempotency_key
+
+ALTER TABLE ONLY outbox.agent_action
+    ADD CONSTRAINT ux_agent_action_idempotency_key UNIQUE (idempotency_key);
+
+-- index ix_agent_action_due
+
+CREATE INDEX ix_agent_action_due ON outbox.agent_action USING btree (kind, available_at) WHERE (state = 'ADMITTED'::text);
+
+-- index ix_agent_action_ended
+
+CREATE INDEX ix_agent_action_ended ON outbox.agent_action USING btree (ended_at) WHERE (ended_at IS NOT NULL);
+
+-- index ix_agent_action_expiry
+
+CREATE INDEX ix_agent_action_expiry ON outbox.agent_action USING btree (expires_at) WHERE ((state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text])) AND (expires_at IS NOT NULL));
+
+-- index ix_agent_action_lane_ready
+
+CREATE INDEX ix_agent_action_lane_ready ON outbox.agent_action_lane USING btree (head_kind, head_due_at) WHERE ((executing_id IS NULL) AND (head_due_at IS NOT NULL));
+
+-- index ix_agent_action_lane_waiting
+
+CREATE INDEX ix_agent_action_lane_waiting ON outbox.agent_action USING btree (lane_key, id) WHERE (state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text]));
+
+-- index ix_agent_action_lease
+
+CREATE INDEX ix_agent_action_lease ON outbox.agent_action USING btree (lease_until) WHERE (state = 'EXECUTING'::text);
+
+-- index ix_agent_action_subject
+
+CREATE INDEX ix_agent_action_subject ON outbox.agent_action USING btree (subject_account_id) WHERE (subject_account_id IS NOT NULL);
+
+-- index ux_agent_action_lane_executing
+
+CREATE UNIQUE INDEX ux_agent_action_lane_executing ON outbox.agent_action USING btree (lane_key) WHERE (state = 'EXECUTING'::text);
+
+-- trigger agent_action agent_action_inserted
+
+CREATE TRIGGER agent_action_inserted AFTER INSERT ON outbox.agent_action REFERENCING NEW TABLE AS new_actions FOR EACH STATEMENT EXECUTE FUNCTION outbox.agent_action_inserted();
+
+-- trigger agent_action agent_action_lane_track
+
+CREATE TRIGGER agent_action_lane_track AFTER UPDATE ON outbox.agent_action FOR EACH ROW WHEN (((new.state IS DISTINCT FROM old.state) OR ((new.state = 'ADMITTED'::text) AND (new.available_at IS DISTINCT FROM old.available_at)))) EXECUTE FUNCTION outbox.agent_action_lane_track();
+
+-- trigger agent_action agent_action_lane_track_delete
+
+CREATE TRIGGER agent_action_lane_track_delete AFTER DELETE ON outbox.agent_action FOR EACH ROW WHEN ((old.state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text, 'EXECUTING'::text]))) EXECUTE FUNCTION outbox.agent_action_lane_track();
+
+-- trigger agent_action guard_agent_action
+
+CREATE TRIGGER guard_agent_action BEFORE UPDATE ON outbox.agent_action FOR EACH ROW WHEN (((old.state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) OR (new.state IS DISTINCT FROM old.state) OR (new.epoch IS DISTINCT FROM old.epoch) OR ((((((new.id IS DISTINCT FROM old.id) OR (new.kind IS DISTINCT FROM old.kind)) OR (new.lane_key IS DISTINCT FROM old.lane_key)) OR (new.idempotency_key IS DISTINCT FROM old.idempotency_key)) OR (new.workspace_id IS DISTINCT FROM old.workspace_id)) OR (new.created_at IS DISTINCT FROM old.created_at)))) EXECUTE FUNCTION outbox.guard_agent_action();
+
+-- fk constraint agent_action agent_action_kind_fkey
+
+ALTER TABLE ONLY outbox.agent_action
+    ADD CONSTRAINT agent_action_kind_fkey FOREIGN KEY (kind) REFERENCES outbox.agent_action_kind(name);
