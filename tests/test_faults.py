@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
 
 import psycopg
 import pytest
-from dispatch_support import DispatchRig
+from dispatch_support import APP, REPO, DispatchRig
 from fault_support import (
     assert_guarantees,
     db_now,
@@ -27,6 +28,7 @@ from fault_support import (
 )
 
 from benchmarks.chaos.servers import PrivatePostgres, PrivateRedis, missing_binaries
+from outbox.dispatch.processes import start_claimer, start_worker
 from tests.services import missing_service
 
 pytestmark = pytest.mark.slow
@@ -204,3 +206,50 @@ def test_error_before_the_fence_after_an_earlier_write_keeps_it_so_read_back_wri
         assert (row["state"], row["attempt"]) == ("DONE", 3), row
         assert len(rig.effects()) == 1, "the read-back write happened twice"
         assert_guarantees(rig, [action_id])
+
+
+def test_claimer_whose_broker_is_down_gives_its_claims_back_instead_of_holding_them_a_lease(
+    database_url: str, schema: str, private_redis: PrivateRedis
+) -> None:
+    # A long lease: actions whose push failed and were held for it would still wait after the
+    # broker came back.
+    with fault_rig(database_url, schema, private_redis.url, OUTBOX_LEASE_SECONDS="20") as rig:
+        rig.worker(threads=4)
+        claimer = rig.claimer()
+        private_redis.stop()
+        ids = rig.enqueue(rig.rb, lanes=10, per_lane=2)
+        time.sleep(3.0)  # the claimer meets the broker down
+        private_redis.start()
+        back = time.monotonic()
+        rig.wait_ended(ids, timeout=15)
+        print(f"\nall ended {time.monotonic() - back:.1f}s after the broker came back")
+        assert time.monotonic() - back < 10, "claims whose push failed were held for the lease"
+        assert claimer.popen.poll() is None, claimer.output()
+        assert_guarantees(rig, ids)
+
+
+def test_processes_started_while_the_database_is_down_wait_for_it_and_stop_on_sigterm(
+    private_postgres: PrivatePostgres, private_redis: PrivateRedis
+) -> None:
+    with fault_rig(private_postgres.url, "faults", private_redis.url) as rig:
+        ids = rig.enqueue(rig.rb, lanes=5, per_lane=2)
+        private_postgres.stop()
+        env = rig.env()
+        claimer = start_claimer(APP, env, cwd=REPO, wait=False)
+        worker = start_worker(APP, env, threads=2, cwd=REPO, wait=False)
+        quitter = start_claimer(APP, env, cwd=REPO, wait=False)
+        rig.processes += [claimer, worker, quitter]
+        time.sleep(3.0)
+        quitter.popen.send_signal(signal.SIGTERM)
+        try:
+            code = quitter.popen.wait(10)
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code is not None, "a process waiting for the database ignored SIGTERM"
+        # Longer than any connect timeout: the processes must wait, not give up.
+        time.sleep(35.0)
+        assert claimer.popen.poll() is None, claimer.output()
+        assert worker.popen.poll() is None, worker.output()
+        private_postgres.start()
+        rig.wait_ended(ids, timeout=30)
+        assert_guarantees(rig, ids)

@@ -37,13 +37,14 @@ class Fault:
 
 
 def schedule(duration: float, lease: float, servers: bool) -> list[Fault]:
-    """A broker restart at a quarter of the run, a database restart at two fifths, a worker-pool
-    outage of OUTAGE_LEASES leases from three fifths (all before the kills stop)."""
-    plan = [Fault(WORKER_OUTAGE, 0.6 * duration, OUTAGE_LEASES * lease)]
+    """A broker restart at 15% of the run, a database restart at 30%, a worker-pool outage of
+    OUTAGE_LEASES leases from 45%: early enough that the backlog they leave drains while the
+    kills go on."""
+    plan = [Fault(WORKER_OUTAGE, 0.45 * duration, OUTAGE_LEASES * lease)]
     if servers:
         plan = [
-            Fault(BROKER_RESTART, 0.25 * duration, BROKER_DOWNTIME),
-            Fault(DATABASE_RESTART, 0.4 * duration, DATABASE_DOWNTIME),
+            Fault(BROKER_RESTART, 0.15 * duration, BROKER_DOWNTIME),
+            Fault(DATABASE_RESTART, 0.3 * duration, DATABASE_DOWNTIME),
             *plan,
         ]
     return plan
