@@ -255,6 +255,7 @@ CREATE TABLE outbox.agent_action (
     ended_at timestamp with time zone,
     taken_epoch bigint,
     retry_reason text,
+    earlier_write_at timestamp with time zone,
     CONSTRAINT ck_agent_action_counters CHECK (((attempt >= 0) AND (epoch >= 0))),
     CONSTRAINT ck_agent_action_ended_at CHECK (((state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) = (ended_at IS NOT NULL))),
     CONSTRAINT ck_agent_action_executing_leased CHECK (((state <> 'EXECUTING'::text) OR (lease_until IS NOT NULL))),

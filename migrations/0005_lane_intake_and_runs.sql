@@ -26,6 +26,12 @@ CREATE TABLE agent_action_lane_intake (
 -- when the attempts run out so FAILED ATTEMPTS_EXHAUSTED says what kept failing.
 ALTER TABLE agent_action ADD COLUMN retry_reason text;
 
+-- When an earlier attempt of this action started its write. A retry or a deferral clears the
+-- fence (a waiting action holds none) but keeps this, so a read-back adapter still looks for
+-- that write before writing again, however the later attempts failed (an error before their
+-- own fence, a lease that ran out before the write, a provider's 5xx).
+ALTER TABLE agent_action ADD COLUMN earlier_write_at timestamptz;
+
 -- An insert: the guard's rules for new actions (as in 0004), then its lanes into the intake,
 -- then the claimers' wake-up.
 CREATE OR REPLACE FUNCTION agent_action_inserted() RETURNS trigger

@@ -34,6 +34,8 @@ class Action:
     ended_at: datetime | None
     #: The reason of the latest retry or deferral (kept when the attempts run out).
     retry_reason: str | None = None
+    #: When an earlier attempt started its write (kept through retries and deferrals).
+    earlier_write_at: datetime | None = None
     created: bool = False
 
     @classmethod

@@ -97,12 +97,16 @@ class ActionAttempt:
 
     @property
     def write_started(self) -> bool:
-        """An earlier attempt passed its fence and may have written: read back before writing."""
-        return self.action.write_started_at is not None
+        """An earlier attempt passed its fence and may have written: read back before writing.
+
+        Also after that attempt's action was retried or deferred: a retry clears the fence, not
+        the evidence of the write (``earlier_write_at``)."""
+        return self.write_started_at is not None
 
     @property
     def write_started_at(self) -> datetime | None:
-        return self.action.write_started_at
+        """When the latest earlier attempt that passed its fence started its write."""
+        return self.action.write_started_at or self.action.earlier_write_at
 
     def time_left(self) -> float:
         """Seconds of lease left, by this process's monotonic clock."""

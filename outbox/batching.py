@@ -14,8 +14,9 @@ Guarantees, the same as the single-row statement's:
 - a key that appears twice in one batch (two deliveries of one message) is given to the first
   caller only, as the second single-row statement would have found it taken;
 - a batch that fails as a whole (a deadlock with an application transaction that holds lane
-  rows in another order) is re-run one caller at a time with the single-row statement, so one
-  caller's failure is never another's.
+  rows in another order, or one caller's parameters the statement refuses, such as an id out of
+  bigint range) is re-run one caller at a time with the single-row statement, so one caller's
+  failure is never another's.
 """
 
 from __future__ import annotations
@@ -105,16 +106,23 @@ class GroupWriter(Generic[P, R]):
             found = await self._many([w.params for w in batch])
         except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
             log.info("%s: a batch of %s hit a deadlock; one at a time", self.name, len(batch))
-            for waiting in batch:
-                await self._run_one(waiting)
+            await self._run_each(batch)
+            return
+        except Exception as error:
+            # Whose row failed is unknown: each caller runs alone, so only that one fails.
+            log.warning(
+                "%s: a batch of %s failed (%s); one at a time",
+                self.name,
+                len(batch),
+                type(error).__name__,
+            )
+            await self._run_each(batch)
             return
         except BaseException as error:
             for waiting in batch:
                 if not waiting.future.done():
                     waiting.future.set_exception(error)
-            if not isinstance(error, Exception):
-                raise
-            return
+            raise
         given: set[Hashable] = set()
         for waiting in batch:
             key = self._key(waiting.params)
@@ -123,6 +131,11 @@ class GroupWriter(Generic[P, R]):
             given.add(key)
             if not waiting.future.done():
                 waiting.future.set_result(result)
+
+    async def _run_each(self, batch: list[_Waiting[P, R]]) -> None:
+        for waiting in batch:
+            if not waiting.future.done():
+                await self._run_one(waiting)
 
     async def _run_one(self, waiting: _Waiting[P, R]) -> None:
         try:

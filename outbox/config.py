@@ -13,6 +13,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from outbox.errors import ConfigurationError
 from outbox.queries import validate_schema
+from outbox.request_checks import DEFAULT_MAX_PAYLOAD_BYTES
 
 #: The prefix of every environment variable the outbox reads.
 ENV_PREFIX = "OUTBOX_"
@@ -58,6 +59,19 @@ class Settings:
     poll_interval: timedelta = timedelta(seconds=1)
     #: Housekeeping (lost leases, expiry, retention) runs this often in the claimer.
     housekeeping_interval: timedelta = timedelta(seconds=5)
+    #: Longest a claim round waits for the claim lock another claimer holds; the round then
+    #: gives up, logs the wait, and tries again.
+    claim_lock_timeout: timedelta = timedelta(seconds=2)
+    #: Longest a claim transaction may sit idle between its statements (a claimer paused, or cut
+    #: off, while it holds the claim lock): the server then ends that claimer's session, which
+    #: frees the lock and rolls its claim back.
+    claim_idle_timeout: timedelta = timedelta(seconds=1)
+    #: Longest one statement of a claim round may run.
+    claim_statement_timeout: timedelta = timedelta(seconds=5)
+    #: A push to the broker (and a broker check) that takes longer counts as failed: the
+    #: claims it carried are given back at once, and the claimer claims nothing more until the
+    #: broker answers again.
+    push_timeout: timedelta = timedelta(seconds=5)
     #: Connections in each process's pool.
     pool_size: int = 10
     #: Port of the Prometheus endpoint (0 = none).
@@ -65,6 +79,9 @@ class Settings:
     #: Address the Prometheus endpoint listens on: loopback unless widened (``0.0.0.0`` for a
     #: scrape from another host or container).
     metrics_host: str = "127.0.0.1"
+    #: Largest payload an enqueue accepts, in bytes of its compact UTF-8 JSON. A payload holds
+    #: identifiers the adapter reads the rest by; a larger one is refused (InvalidActionRequest).
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -72,7 +89,21 @@ class Settings:
             raise ConfigurationError(
                 f"write_margin ({self.write_margin}) must be shorter than the lease ({self.lease})"
             )
-        for name in ("batch_size", "in_flight", "actions_per_message", "pool_size"):
+        for name in (
+            "claim_lock_timeout",
+            "claim_idle_timeout",
+            "claim_statement_timeout",
+            "push_timeout",
+        ):
+            if getattr(self, name) <= timedelta(0):
+                raise ConfigurationError(f"{name} must be more than 0 seconds")
+        for name in (
+            "batch_size",
+            "in_flight",
+            "actions_per_message",
+            "pool_size",
+            "max_payload_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{env_name(name)}: must be >= 1")
         if not 0 <= self.metrics_port <= 65535:
@@ -112,6 +143,19 @@ class Settings:
             values["database_url"] = env["DATABASE_URL"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def max_payload_bytes_from_env(environ: dict[str, str] | None = None) -> int:
+    """``OUTBOX_MAX_PAYLOAD_BYTES`` (or the default), for an enqueue that was given no limit:
+    read on each call, which costs far less than one round trip."""
+    raw = (os.environ if environ is None else environ).get(f"{ENV_PREFIX}MAX_PAYLOAD_BYTES")
+    if raw is None:
+        return DEFAULT_MAX_PAYLOAD_BYTES
+    variable = env_name("max_payload_bytes")
+    value = _integer(variable, raw)
+    if value < 1:
+        raise ConfigurationError(f"{variable}: must be >= 1")
+    return value
 
 
 def env_name(field: str) -> str:

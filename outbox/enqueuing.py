@@ -17,9 +17,11 @@ from psycopg.types.json import Jsonb
 
 from outbox._io import Operation, Statement, psycopg_connection, run_async, run_sync
 from outbox.action import Action
+from outbox.config import max_payload_bytes_from_env
 from outbox.errors import ActionNotFound, IllegalTransition, InvalidActionRequest, UnknownKindError
 from outbox.queries import queries_for
 from outbox.request import ActionRequest, as_text
+from outbox.request_checks import utc
 from outbox.state import ActionState, StopReason
 
 #: The schema used when a call names none: ``OUTBOX_SCHEMA`` or ``outbox``.
@@ -30,18 +32,28 @@ def default_schema() -> str:
     return os.environ.get("OUTBOX_SCHEMA", DEFAULT_SCHEMA)
 
 
-def _params(request: ActionRequest) -> dict[str, Any]:
-    """One request as the ``enqueue`` statement's parameters."""
+def max_payload_bytes_or_default(max_payload_bytes: int | None) -> int:
+    """The limit given, else ``OUTBOX_MAX_PAYLOAD_BYTES``, else the default (64 KiB)."""
+    return max_payload_bytes_from_env() if max_payload_bytes is None else max_payload_bytes
+
+
+def _already_encoded(data: bytes) -> bytes:
+    """The payload's JSON was encoded (and checked) by ``ActionRequest.validate``."""
+    return data
+
+
+def _params(request: ActionRequest, payload: bytes) -> dict[str, Any]:
+    """One request as the ``enqueue`` statement's parameters; ``payload`` is its JSON."""
     return {
         "kind": request.kind_name,
         "state": (ActionState.PROPOSED if request.proposal else ActionState.ADMITTED).value,
         "workspace_id": as_text(request.workspace_id),
         "lane_key": request.lane_key,
         "idempotency_key": request.idempotency_key,
-        "payload": Jsonb(request.payload),
+        "payload": Jsonb(payload, dumps=_already_encoded),
         "subject_account_id": as_text(request.subject_account_id),
         "max_attempts": request.max_attempts,
-        "expires_at": request.expires_at,
+        "expires_at": utc(request.expires_at),
     }
 
 
@@ -66,10 +78,12 @@ def _vanished() -> InvalidActionRequest:
     return InvalidActionRequest("idempotency_key", "the action vanished while enqueueing; retry")
 
 
-def enqueue_operation(schema: str, request: ActionRequest) -> Operation[Action]:
-    request.validate()
+def enqueue_operation(
+    schema: str, request: ActionRequest, max_payload_bytes: int | None = None
+) -> Operation[Action]:
+    payload = request.validate(max_payload_bytes_or_default(max_payload_bytes))
     q = queries_for(schema)
-    params = _params(request)
+    params = _params(request, payload)
     rows = yield Statement(q["enqueue"], params)
     if rows:
         return Action.from_row(rows[0])
@@ -89,7 +103,7 @@ _ENQUEUE_MANY_TRIES = 3
 
 
 def enqueue_many_operation(
-    schema: str, requests: Iterable[ActionRequest]
+    schema: str, requests: Iterable[ActionRequest], max_payload_bytes: int | None = None
 ) -> Operation[list[Action]]:
     """``enqueue`` of each request in order, as one insert statement for the whole batch.
 
@@ -97,18 +111,25 @@ def enqueue_many_operation(
     that action back (``created`` False), as a second ``enqueue`` would. The statement inserts
     nothing when any new key's request is refused, so a refusal leaves nothing half-written and
     no SQL error in the caller's transaction; the keys it did not insert are then read in one
-    statement (existing keys, and keys a racing transaction committed while we waited).
+    statement (existing keys, and keys a racing transaction committed while we waited). Every
+    request is checked before any SQL; a refusal names the request's position (``index``).
     """
     batch = list(requests)
-    for request in batch:
-        request.validate()
+    limit = max_payload_bytes_or_default(max_payload_bytes)
+    payloads: list[bytes] = []
+    for index, request in enumerate(batch):
+        try:
+            payloads.append(request.validate(limit))
+        except InvalidActionRequest as error:
+            raise error.for_request(index) from None
     if not batch:
         return []
     q = queries_for(schema)
-    firsts: dict[str, ActionRequest] = {}
-    for request in batch:
-        firsts.setdefault(request.idempotency_key, request)
-    columns = [_params(request) for request in firsts.values()]
+    # The first request of each key, with its position and its payload's JSON.
+    firsts: dict[str, tuple[int, ActionRequest, bytes]] = {}
+    for index, request in enumerate(batch):
+        firsts.setdefault(request.idempotency_key, (index, request, payloads[index]))
+    columns = [_params(request, payload) for _, request, payload in firsts.values()]
     params = {
         plural: [column[name] for column in columns]
         for plural, name in (
@@ -137,15 +158,15 @@ def enqueue_many_operation(
             break
         # Some new key was refused (the whole batch then inserted nothing): the first refused
         # request in order raises what ``enqueue`` would have raised for it.
-        kinds = list(dict.fromkeys(firsts[key].kind_name for key in missing))
+        kinds = list(dict.fromkeys(firsts[key][1].kind_name for key in missing))
         rows = yield Statement(q["enqueue_many_diagnose"], {"kinds": kinds})
         instance_level = {row["kind"]: row["instance_level"] for row in rows}
         db_now = rows[0]["db_now"]
         for key in missing:
-            request = firsts[key]
+            index, request, _ = firsts[key]
             refusal = _refusal(request, instance_level[request.kind_name], db_now)
             if refusal is not None:
-                raise refusal
+                raise refusal.for_request(index)
         # None is refused now: a racing transaction committed the refused request's key after
         # our insert looked (or an action vanished); the batch is acceptable, so insert again.
     else:
@@ -188,27 +209,44 @@ def get_operation(schema: str, action_id: int) -> Operation[Action | None]:
     return Action.from_row(rows[0]) if rows else None
 
 
-def enqueue(conn: Any, request: ActionRequest, *, schema: str | None = None) -> Action:
+def enqueue(
+    conn: Any,
+    request: ActionRequest,
+    *,
+    schema: str | None = None,
+    max_payload_bytes: int | None = None,
+) -> Action:
     """Record ``request`` in the caller's transaction and return its action.
 
     A second enqueue with the same idempotency key returns the first action and changes nothing,
     also when two transactions race (the second waits for the first to commit or roll back).
     ``conn`` is a psycopg ``Connection`` or a SQLAlchemy ``Session``/``Connection`` on psycopg.
-    Raises ``InvalidActionRequest`` (naming the field) and writes nothing on bad input.
+    Raises ``InvalidActionRequest`` (naming the field) and writes nothing on bad input; it is
+    refused before any SQL runs, so the caller's transaction stays usable.
+    ``max_payload_bytes``: the payload's JSON limit (default ``OUTBOX_MAX_PAYLOAD_BYTES``, 64 KiB).
     """
-    op = enqueue_operation(schema or default_schema(), request)
+    op = enqueue_operation(schema or default_schema(), request, max_payload_bytes)
     return run_sync(psycopg_connection(conn), op)
 
 
 async def enqueue_async(
-    conn: AsyncConnection[Any], request: ActionRequest, *, schema: str | None = None
+    conn: AsyncConnection[Any],
+    request: ActionRequest,
+    *,
+    schema: str | None = None,
+    max_payload_bytes: int | None = None,
 ) -> Action:
     """The async twin of ``enqueue``."""
-    return await run_async(conn, enqueue_operation(schema or default_schema(), request))
+    op = enqueue_operation(schema or default_schema(), request, max_payload_bytes)
+    return await run_async(conn, op)
 
 
 def enqueue_many(
-    conn: Any, requests: Sequence[ActionRequest], *, schema: str | None = None
+    conn: Any,
+    requests: Sequence[ActionRequest],
+    *,
+    schema: str | None = None,
+    max_payload_bytes: int | None = None,
 ) -> list[Action]:
     """``enqueue`` of each request in order, in the caller's transaction, as ONE insert.
 
@@ -217,17 +255,23 @@ def enqueue_many(
     actions of one lane run in request order. Idempotency is ``enqueue``'s: an existing key
     returns its action unchanged, a repeated key in the batch returns the first request's
     action, a racing transaction holding a key is waited for. Bad input raises what ``enqueue``
-    would raise for the first bad request, and writes nothing for the whole batch.
+    would raise for the first bad request, with its position in ``index``, and writes nothing
+    for the whole batch.
     """
-    op = enqueue_many_operation(schema or default_schema(), requests)
+    op = enqueue_many_operation(schema or default_schema(), requests, max_payload_bytes)
     return run_sync(psycopg_connection(conn), op)
 
 
 async def enqueue_many_async(
-    conn: AsyncConnection[Any], requests: Sequence[ActionRequest], *, schema: str | None = None
+    conn: AsyncConnection[Any],
+    requests: Sequence[ActionRequest],
+    *,
+    schema: str | None = None,
+    max_payload_bytes: int | None = None,
 ) -> list[Action]:
     """The async twin of ``enqueue_many``."""
-    return await run_async(conn, enqueue_many_operation(schema or default_schema(), requests))
+    op = enqueue_many_operation(schema or default_schema(), requests, max_payload_bytes)
+    return await run_async(conn, op)
 
 
 def admit(conn: Any, action_id: int, *, schema: str | None = None) -> Action:

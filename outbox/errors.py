@@ -8,12 +8,23 @@ class OutboxError(Exception):
 
 
 class InvalidActionRequest(OutboxError, ValueError):
-    """An enqueue was refused because of one field; nothing was written."""
+    """An enqueue was refused because of one field; nothing was written.
+
+    ``field`` names the request's field, ``message`` says what is wrong with it, and ``index``
+    is the position of the refused request in an ``enqueue_many`` batch (None for ``enqueue``).
+    """
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        self.index: int | None = None
+
+    def for_request(self, index: int) -> InvalidActionRequest:
+        """This error, naming the request's position in its batch as well (returns itself)."""
+        self.index = index
+        self.args = (f"request {index}: {self.field}: {self.message}",)
+        return self
 
 
 class UnknownKindError(InvalidActionRequest):

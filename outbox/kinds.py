@@ -5,7 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,62}$")
+# fullmatch, not ``$``: a trailing newline must not pass.
+_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,62}")
+
+
+def is_kind_name(name: object) -> bool:
+    """Whether ``name`` can name a kind: UPPER_SNAKE_CASE, at most 63 characters."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +28,7 @@ class ActionKind:
     instance_level: bool = False
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.name):
+        if not is_kind_name(self.name):
             raise ValueError(
                 f"kind name {self.name!r} must be UPPER_SNAKE_CASE, at most 63 characters"
             )

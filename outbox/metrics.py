@@ -45,6 +45,11 @@ ENDED = Counter(
     ["kind", "state", "reason"],
 )
 
+MALFORMED = Counter(
+    "outbox_malformed_messages",
+    "Messages on an outbox queue that were not (action_id, epoch) pairs, dropped, by kind",
+    ["kind"],
+)
 
 #: The ``reason`` label of an end whose reason is not admitted as a label value.
 OTHER_REASON = "OTHER"
@@ -83,6 +88,10 @@ def reason_label(reason: str) -> str:
 # attempt counts once or twice. A handful of kinds x results x states keeps these small.
 _attempt_children: dict[tuple[str, str, bool], Any] = {}
 _ended_children: dict[tuple[str, str, str], Any] = {}
+
+
+def record_malformed_message(kind: str) -> None:
+    MALFORMED.labels(kind=kind).inc()
 
 
 def record_attempt(kind: str, result: str, recorded: bool) -> None:

@@ -16,6 +16,7 @@ from outbox import enqueuing as _enqueue
 from outbox.action import Action
 from outbox.adapter import ActionAdapter
 from outbox.config import Settings
+from outbox.connecting import CONNECTION_OPTIONS
 from outbox.errors import AdapterAlreadyRegistered, KindConflictError
 from outbox.executor import ActionExecutor, Outcome
 from outbox.kinds import BUILTIN_KINDS, ActionKind
@@ -74,18 +75,26 @@ class Outbox:
     # -- the application's side, in its transaction ----------------------------------------------
 
     def enqueue(self, conn: Any, request: ActionRequest) -> Action:
-        return _enqueue.enqueue(conn, request, schema=self.schema)
+        return _enqueue.enqueue(
+            conn, request, schema=self.schema, max_payload_bytes=self.settings.max_payload_bytes
+        )
 
     async def enqueue_async(self, conn: AsyncConnection[Any], request: ActionRequest) -> Action:
-        return await _enqueue.enqueue_async(conn, request, schema=self.schema)
+        return await _enqueue.enqueue_async(
+            conn, request, schema=self.schema, max_payload_bytes=self.settings.max_payload_bytes
+        )
 
     def enqueue_many(self, conn: Any, requests: Sequence[ActionRequest]) -> list[Action]:
-        return _enqueue.enqueue_many(conn, requests, schema=self.schema)
+        return _enqueue.enqueue_many(
+            conn, requests, schema=self.schema, max_payload_bytes=self.settings.max_payload_bytes
+        )
 
     async def enqueue_many_async(
         self, conn: AsyncConnection[Any], requests: Sequence[ActionRequest]
     ) -> list[Action]:
-        return await _enqueue.enqueue_many_async(conn, requests, schema=self.schema)
+        return await _enqueue.enqueue_many_async(
+            conn, requests, schema=self.schema, max_payload_bytes=self.settings.max_payload_bytes
+        )
 
     def admit(self, conn: Any, action_id: int) -> Action:
         return _enqueue.admit(conn, action_id, schema=self.schema)
@@ -108,7 +117,7 @@ class Outbox:
             self.settings.require_database_url(),
             min_size=1,
             max_size=self.settings.pool_size,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, **CONNECTION_OPTIONS},
             open=False,
         )
         await own.open(wait=True)

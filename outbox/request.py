@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from outbox.errors import InvalidActionRequest
-from outbox.kinds import ActionKind
+from outbox.kinds import ActionKind, is_kind_name
+from outbox.request_checks import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    check_expires_at,
+    check_max_attempts,
+    check_text,
+    encoded_payload,
+    id_text,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,44 +43,44 @@ class ActionRequest:
     def kind_name(self) -> str:
         return self.kind.name if isinstance(self.kind, ActionKind) else self.kind
 
-    def validate(self) -> None:
-        """Raises ``InvalidActionRequest`` naming the first bad field."""
-        if not isinstance(self.kind_name, str) or not self.kind_name:
-            raise InvalidActionRequest("kind", "must be an ActionKind or a non-empty kind name")
+    def validate(self, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> bytes:
+        """Raises ``InvalidActionRequest`` naming the first bad field (see
+        ``outbox.request_checks`` for the limits); returns the payload as the JSON bytes the
+        database receives, so that it is encoded once."""
+        kind = self.kind
+        if isinstance(kind, ActionKind):
+            instance_level: bool | None = kind.instance_level
+        elif is_kind_name(kind):
+            instance_level = None  # the database's kind table decides
+        else:
+            raise InvalidActionRequest(
+                "kind",
+                "must be an ActionKind or a kind name (UPPER_SNAKE_CASE, at most 63 characters)",
+            )
         for name in ("lane_key", "idempotency_key"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
                 raise InvalidActionRequest(name, "must be a non-empty string")
-        kind = self.kind
-        if isinstance(kind, ActionKind) and self.workspace_id is None and not kind.instance_level:
+            check_text(name, value)
+        if self.workspace_id is None and instance_level is False:
             raise InvalidActionRequest(
-                "workspace_id", f"kind {kind.name} is not instance-level: give a workspace"
+                "workspace_id", f"kind {self.kind_name} is not instance-level: give a workspace"
             )
-        if self.payload is None:
-            raise InvalidActionRequest("payload", "must be JSON, not None (use {} for nothing)")
-        try:
-            json.dumps(self.payload, allow_nan=False)
-        except (TypeError, ValueError) as error:
-            raise InvalidActionRequest("payload", f"is not JSON-serialisable: {error}") from None
-        if (
-            isinstance(self.max_attempts, bool)
-            or not isinstance(self.max_attempts, int)
-            or self.max_attempts < 1
-        ):
-            raise InvalidActionRequest("max_attempts", "must be an integer >= 1")
-        expires_at = self.expires_at
-        if expires_at is not None and (
-            not isinstance(expires_at, datetime) or expires_at.tzinfo is None
-        ):
-            raise InvalidActionRequest("expires_at", "must be a timezone-aware datetime")
+        payload = encoded_payload(self.payload, max_payload_bytes)
+        check_max_attempts(self.max_attempts)
+        check_expires_at(self.expires_at)
         for name in ("workspace_id", "subject_account_id"):
             value = getattr(self, name)
-            if value is not None and (
+            if value is None:
+                continue
+            if (
                 isinstance(value, bool)
                 or not isinstance(value, str | int)
                 or (isinstance(value, str) and not value)
             ):
                 raise InvalidActionRequest(name, "must be a non-empty string, an integer, or None")
+            id_text(name, value)
+        return payload
 
 
 def as_text(value: str | int | None) -> str | None:

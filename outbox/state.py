@@ -73,3 +73,6 @@ class StopReason:
     ADAPTER_ERROR_AFTER_WRITE = "ADAPTER_ERROR_AFTER_WRITE"
     #: The adapter was still running when its lease ended, after its write started.
     LEASE_EXPIRED_DURING_WRITE = "LEASE_EXPIRED_DURING_WRITE"
+    #: The adapter cannot build what it would send (an email whose notice renders a malformed
+    #: address, subject or URL): every attempt would fail alike, so the first one ends it.
+    MESSAGE_INVALID = "MESSAGE_INVALID"

@@ -111,6 +111,21 @@ def housekeeping_operation(schema: str, limit: int = 1000) -> Operation[list[End
     return ended
 
 
+def release_claims_operation(
+    schema: str, pairs: Iterable[tuple[int, int]]
+) -> Operation[list[tuple[int, int]]]:
+    """Gives back claims whose push failed: each ``(id, epoch)`` still EXECUTING at that epoch
+    and not taken by a worker becomes ADMITTED and due now. Returns the pairs it gave back."""
+    ids, epochs = [], []
+    for action_id, epoch in pairs:
+        ids.append(action_id)
+        epochs.append(epoch)
+    if not ids:
+        return []
+    rows = yield Statement(queries_for(schema)["release_claims"], {"ids": ids, "epochs": epochs})
+    return [(row["id"], row["epoch"]) for row in rows]
+
+
 def _single(name: str, schema: str, params: Mapping[str, Any]) -> Operation[bool]:
     rows = yield Statement(queries_for(schema)[name], params)
     return bool(rows)

@@ -347,7 +347,9 @@ def test_a_refused_request_raises_what_enqueue_raises_and_writes_nothing(
         enqueue_many(conn, batch, schema=schema)
     assert type(raised.value) is type(single.value) is error_type
     assert raised.value.field == single.value.field == field
-    assert str(raised.value) == str(single.value)
+    assert raised.value.message == single.value.message
+    assert (raised.value.index, single.value.index) == (2, None)
+    assert str(raised.value) == f"request 2: {single.value}"
     # insert (nothing), look up the new keys (none), diagnose: no SQL error among them.
     assert len(conn.statements) == 3
     # Nothing of the batch was written, and the transaction goes on and commits other work.
@@ -580,8 +582,9 @@ def test_a_batch_is_the_same_as_one_enqueue_after_another(twin, existing, batch)
 
     one_by_one: list[Action] = []
     single_error: InvalidActionRequest | None = None
+    single_index = -1
     try:
-        for r in batch:
+        for single_index, r in enumerate(batch):  # noqa: B007 (the index of a refusal is kept)
             one_by_one.append(enqueue(conn, r, schema=single))
     except InvalidActionRequest as error:
         single_error = error
@@ -593,10 +596,11 @@ def test_a_batch_is_the_same_as_one_enqueue_after_another(twin, existing, batch)
     event("refused" if single_error is not None else "accepted")
     if single_error is not None:
         assert isinstance(result, InvalidActionRequest), "the batch accepted a refused request"
-        assert (type(result), result.field, str(result)) == (
+        assert (type(result), result.field, result.message, result.index) == (
             type(single_error),
             single_error.field,
-            str(single_error),
+            single_error.message,
+            single_index,
         )
         assert keys(conn, batched) == before  # nothing of the batch was written
         conn.rollback()

@@ -432,3 +432,31 @@ def test_attempts_that_run_out_keep_the_last_retry_reason(make_outbox, database_
         2,
     )
     assert row["retry_reason"] == "SMTP_LOGIN_535"
+
+
+def test_a_retry_after_a_write_keeps_its_evidence_for_every_later_attempt(
+    make_outbox, database_url, schema
+):
+    """Attempt 1 writes and gets a 5xx (Retry); attempt 2 fails before its fence (an error in
+    its read-back search); attempt 3 must still know that attempt 1 wrote, and read back."""
+
+    class ReadBack:
+        def __init__(self) -> None:
+            self.seen: list[bool] = []
+
+        async def execute(self, attempt):
+            self.seen.append(attempt.write_started)
+            if attempt.attempt == 2:
+                raise ConnectionError("read-back search failed")
+            if not await attempt.fence().begin_write():
+                return Abandoned()
+            return Retry(reason="HTTP_503") if attempt.attempt == 1 else Done("found")
+
+    adapter = ReadBack()
+    ob = build(make_outbox, adapter)
+    [action] = put(ob, database_url)
+    drain(ob)
+    assert adapter.seen == [False, True, True]
+    with psycopg.connect(database_url) as conn:
+        [row] = rows(conn, schema, f"id = {action.id}")
+    assert (row["state"], row["attempt"]) == ("DONE", 3)

@@ -134,3 +134,29 @@ async def test_a_batch_that_deadlocks_is_rerun_one_caller_at_a_time():
     results = await asyncio.gather(*(writer(i) for i in range(5)))
     assert results == [0, 10, 20, 30, 40]
     assert sorted(singles) == [0, 1, 2, 3, 4]
+
+
+async def test_a_batch_one_callers_row_fails_fails_only_that_caller():
+    # One caller's parameters the statement refuses (an id out of bigint range): the batch
+    # fails as a whole, and only that caller gets the error after the one-at-a-time re-run.
+    from outbox.batching import GroupWriter
+
+    bad = 2**70
+
+    async def many(params):
+        await asyncio.sleep(0)
+        if bad in params:
+            raise psycopg.errors.NumericValueOutOfRange("bigint out of range")
+        return {p: p * 10 for p in params}
+
+    async def one(p):
+        await asyncio.sleep(0)
+        if p == bad:
+            raise psycopg.errors.NumericValueOutOfRange("bigint out of range")
+        return p * 10
+
+    writer = GroupWriter("test", many, one, key=lambda p: p)
+    results = await asyncio.gather(*(writer(p) for p in [1, 2, bad, 3, 4]), return_exceptions=True)
+    assert results[:2] == [10, 20] and results[3:] == [30, 40]
+    assert isinstance(results[2], psycopg.errors.NumericValueOutOfRange)
+    assert writer.statements < 5, "the callers never shared a statement"

@@ -95,7 +95,7 @@ def test_500_emails_through_dramatiq_reach_the_relay_once_each_with_distinct_mes
         attempts = conn.execute(
             f"SELECT max(attempt), count(*) FILTER (WHERE readback_ref LIKE %s) "
             f'FROM "{schema}".agent_action',
-            ("250 %",),
+            ("<%.outbox@%>%",),
         ).fetchone()
     elapsed = time.monotonic() - started
     print(f"\n{EMAILS} emails via claimer + dramatiq worker to aiosmtpd: {elapsed:.1f}s")

@@ -5,6 +5,7 @@ traceback; errors name the variable the user set; ``python -m outbox`` and ``--v
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -41,11 +42,16 @@ def closed_port() -> int:
 
 @pytest.fixture
 def clean_env(monkeypatch):
+    # `outbox claimer` and `outbox worker` hand their options to the processes they become
+    # through os.environ: run in-process here, they must not leak into later tests.
+    saved = dict(os.environ)
     for name in ("OUTBOX_DATABASE_URL", "DATABASE_URL", "OUTBOX_SCHEMA", "OUTBOX_BROKER_URL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("OUTBOX_DEBUG", raising=False)
     monkeypatch.setenv("DISPATCH_APP_SUFFIX", "CLI")
-    return monkeypatch
+    yield monkeypatch
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def run_main(argv: list[str], capsys) -> tuple[int, str]:

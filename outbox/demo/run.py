@@ -319,7 +319,7 @@ def render(result: DemoResult) -> str:
     lines += [
         "",
         "What the outcomes mean:",
-        "  DONE      the relay accepted the message (readback_ref holds its reply)",
+        "  DONE      the relay accepted the message (readback_ref: Message-ID, queue id)",
         "  FAILED    the relay refused it for good (5xx), or every retry hit a 4xx",
         "  CANCELLED the person unsubscribed after the email was enqueued",
         "  UNCERTAIN the relay got the message but its reply timed out: never sent again",

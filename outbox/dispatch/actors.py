@@ -10,6 +10,7 @@ own queue (``ActionKind.queue_name``), so each adapter can be scaled by a worker
 from __future__ import annotations
 
 import copy
+import logging
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,13 +23,17 @@ from dramatiq.middleware import Middleware
 
 from outbox.dispatch.broker import default_broker
 from outbox.dispatch.runtime import WorkerRuntime
-from outbox.metrics import MetricsExposition
+from outbox.metrics import MetricsExposition, record_malformed_message
 
 if TYPE_CHECKING:
     from outbox.outbox import Outbox
 
 #: Dramatiq actor names: one per kind, e.g. ``outbox_email``.
 ACTOR_PREFIX = "outbox_"
+#: An action id and an epoch are PostgreSQL bigints, and both start at 1.
+BIGINT_MAX = 2**63 - 1
+
+log = logging.getLogger("outbox.dispatch")
 
 T = TypeVar("T")
 
@@ -116,6 +121,17 @@ def pairs_of(action_id: int, epoch: int, more: Sequence[int]) -> list[tuple[int,
     return [(action_id, epoch), *zip(more[::2], more[1::2], strict=True)]
 
 
+def valid_pairs(args: Sequence[Any]) -> list[tuple[int, int]] | None:
+    """A message's arguments as ``(action_id, epoch)`` pairs, or None unless they are a
+    non-empty, even-length list of ints (not bools) with every id and epoch in 1..2**63-1."""
+    if not args or len(args) % 2:
+        return None
+    for value in args:
+        if type(value) is not int or not 1 <= value <= BIGINT_MAX:
+            return None
+    return list(zip(args[::2], args[1::2], strict=True))
+
+
 def _pipelined_redis(broker: Broker) -> tuple[Broker, Any] | None:
     """A view of a ``RedisBroker`` whose enqueues go into a fresh Redis pipeline, or None.
 
@@ -176,11 +192,24 @@ def actor_options(outbox: Outbox, broker: Broker) -> dict[str, Any]:
 
 
 def _actor_fn(runtime: WorkerRuntime, kind: str) -> Callable[..., None]:
-    def run_action(action_id: int, epoch: int, *more: int) -> None:
-        if more:
-            runtime.run_many(kind, pairs_of(action_id, epoch, more))
+    def run_action(*args: Any) -> None:
+        pairs = valid_pairs(args)
+        if pairs is None:
+            # Not the claimer's: dropped here, before its values reach a statement shared with
+            # other messages; returning (not raising) keeps Dramatiq from retrying it.
+            record_malformed_message(kind)
+            log.error(
+                "dropped a malformed message for kind %s: %s values of types %s "
+                "(wanted (action_id, epoch) pairs of ints in 1..2**63-1)",
+                kind,
+                len(args),
+                sorted({type(value).__name__ for value in args}),
+            )
+            return
+        if len(pairs) > 1:
+            runtime.run_many(kind, pairs)
         else:
-            runtime.run(kind, action_id, epoch)
+            runtime.run(kind, *pairs[0])
 
     run_action.__name__ = f"{ACTOR_PREFIX}{kind.lower()}"
     run_action.__qualname__ = run_action.__name__

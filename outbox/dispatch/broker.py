@@ -20,6 +20,11 @@ from outbox.errors import ConfigurationError
 #: The broker used when nothing names one: Redis is the outbox's default broker.
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 
+#: Redis socket bounds: a connect, or a command on a Redis that stalls, fails after this long
+#: instead of holding its thread for ever (a push thread of the claimer, a worker's consumer).
+REDIS_CONNECT_TIMEOUT = 5.0
+REDIS_SOCKET_TIMEOUT = 10.0
+
 _REDIS_SCHEMES = REDIS_SCHEMES
 _RABBITMQ_SCHEMES = RABBITMQ_SCHEMES
 
@@ -29,16 +34,28 @@ def broker_from_url(url: str, *, middleware: list[Middleware] | None = None) -> 
     for ``amqp://`` and ``amqps://``; Dramatiq's default middleware unless ``middleware`` is given.
 
     RabbitMQ publishes with confirmed delivery, so a push that returns is held by the broker.
+    A URL that does not parse is refused with a ``ConfigurationError`` naming the setting.
     """
-    scheme = urlparse(url).scheme
-    if scheme in _REDIS_SCHEMES:
-        from dramatiq.brokers.redis import RedisBroker
+    try:
+        scheme = urlparse(url).scheme
+        if scheme in _REDIS_SCHEMES:
+            import redis
+            from dramatiq.brokers.redis import RedisBroker
 
-        return RedisBroker(url=url, middleware=middleware)
-    if scheme in _RABBITMQ_SCHEMES:
-        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+            pool = redis.ConnectionPool.from_url(
+                url,
+                socket_connect_timeout=REDIS_CONNECT_TIMEOUT,
+                socket_timeout=REDIS_SOCKET_TIMEOUT,
+            )
+            return RedisBroker(client=redis.Redis(connection_pool=pool), middleware=middleware)
+        if scheme in _RABBITMQ_SCHEMES:
+            from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-        return RabbitmqBroker(url=url, middleware=middleware, confirm_delivery=True)
+            return RabbitmqBroker(url=url, middleware=middleware, confirm_delivery=True)
+    except (ValueError, TypeError) as error:
+        raise ConfigurationError(
+            f"OUTBOX_BROKER_URL: {_redacted(url)!r} is malformed ({error})"
+        ) from None
     raise ConfigurationError(
         f"OUTBOX_BROKER_URL: {url!r} is neither redis:// (the default broker) nor amqp://"
     )
@@ -52,3 +69,14 @@ def default_broker(broker_url: str | None) -> Broker:
     if dramatiq.broker.global_broker is not None:
         return dramatiq.get_broker()
     return broker_from_url(DEFAULT_BROKER_URL)
+
+
+def _redacted(url: str) -> str:
+    """``url`` without its password, for an error message."""
+    try:
+        parsed = urlparse(url)
+        if parsed.password:
+            return url.replace(f":{parsed.password}@", ":***@", 1)
+    except ValueError:
+        pass
+    return url

@@ -6,6 +6,11 @@ advisory lock (so replicas together keep the bound), it counts each kind's in-fl
 ``batch_size``), commits, and only then pushes the claimed actions, up to
 ``actions_per_message`` a message. A claimer that dies between the commit and the push loses
 nothing: the action's lease runs out and the next round reclaims it under a new epoch.
+
+No claimer holds up another for long (``claim_guard``: server-side bounds on each round's
+transaction), and a broker that stalls or is down never freezes the loop (``pushing``: pushes
+run on threads under a timeout; what a failed push carried is given back at once, and no more
+is claimed until the broker answers again).
 """
 
 from __future__ import annotations
@@ -24,12 +29,22 @@ from psycopg import sql
 
 from outbox import metrics
 from outbox._io import Operation, Statement, run_async
+from outbox.connecting import CONNECTION_OPTIONS, one_line, wait_for_database
 from outbox.dispatch.actors import Dispatch
+from outbox.dispatch.claim_guard import ClaimLockBusy, enter_claim_round
 from outbox.dispatch.consumption import ConsumptionWatch
+from outbox.dispatch.pushing import BrokerGate, OffLoop
 from outbox.executor import report_housekeeping
 from outbox.housekeeping import operations_housekeeping
 from outbox.queries import queries_for
-from outbox.store import INTAKE_BATCH, ClaimedAction, Store, claim_operation, intake_operation
+from outbox.store import (
+    INTAKE_BATCH,
+    ClaimedAction,
+    Store,
+    claim_operation,
+    intake_operation,
+    release_claims_operation,
+)
 
 log = logging.getLogger("outbox.claimer")
 
@@ -134,8 +149,17 @@ class Claimer:
         self._listener: psycopg.AsyncConnection[Any] | None = None
         self._next_housekeeping = 0.0
         self.watch = ConsumptionWatch()
+        self.off_loop = OffLoop(self.settings.push_timeout.total_seconds())
+        self.gate = BrokerGate(dispatch.broker, self.off_loop)
         #: Totals since start, for logs and tests.
-        self.totals: dict[str, int] = {"claimed": 0, "pushed": 0, "push_failed": 0, "rounds": 0}
+        self.totals: dict[str, int] = {
+            "claimed": 0,
+            "pushed": 0,
+            "push_failed": 0,
+            "released": 0,
+            "rounds": 0,
+            "housekeeping": 0,
+        }
 
     async def claim(self) -> Round:
         """Claims under the bound and commits; nothing is pushed yet."""
@@ -148,41 +172,84 @@ class Claimer:
             self.watch,
         )
         async with self.store.connection() as conn, conn.transaction():
+            await enter_claim_round(conn, self.store.schema, self.settings)
             return await run_async(conn, op)
 
     def push(self, claimed: list[ClaimedAction]) -> int:
         """Pushes the claimed actions (after the claim committed), up to ``actions_per_message``
         a message; returns how many actions went.
 
-        A failed push is logged and left to the lease: the action is reclaimed when it runs out.
+        Blocking: ``run_once`` runs it off the event loop (``push_off_loop``).
         """
+        return len(claimed) - len(self.push_or_unpushed(claimed))
+
+    def push_or_unpushed(self, claimed: list[ClaimedAction]) -> list[ClaimedAction]:
+        """Pushes the claimed actions; returns those whose push failed (blocking)."""
         items = [(c.action.id, c.action.epoch, c.action.kind) for c in claimed]
         try:
             self.dispatch.push_many(items)
-            return len(claimed)
-        except Exception:
+            return []
+        except Exception as error:
             # Some may have gone: pushed again one message at a time (a twin delivery of an
-            # epoch is dropped by the worker's take), and what still fails is left to its lease.
-            log.warning("pipelined push of %s actions failed; pushing one by one", len(claimed))
-        pushed = 0
-        for message in self.dispatch.messages(items):
-            actions = len(message.args) // 2
+            # epoch is dropped by the worker's take); the first failure ends the attempt, as
+            # the broker is evidently not answering, and the rest is given back.
+            log.warning(
+                "pipelined push of %s actions failed (%s); pushing one by one",
+                len(claimed),
+                one_line(error),
+            )
+        by_key = {(c.action.id, c.action.epoch): c for c in claimed}
+        messages = self.dispatch.messages(items)
+        for index, message in enumerate(messages):
             try:
                 self.dispatch.broker.enqueue(message)
-                pushed += actions
-            except Exception:
-                self.totals["push_failed"] += actions
-                log.exception(
-                    "push of actions %s (id, epoch) failed; they are reclaimed after their lease",
-                    message.args,
-                )
-        return pushed
+            except Exception as error:
+                log.warning("push failed (%s)", one_line(error))
+                args = [value for rest in messages[index:] for value in rest.args]
+                return [by_key[(i, e)] for i, e in zip(args[::2], args[1::2], strict=True)]
+        return []
+
+    async def push_off_loop(self, claimed: list[ClaimedAction]) -> int:
+        """Pushes on a thread under ``push_timeout``; what did not go is given back at once
+        (``give_back``) and the broker gate closes. Returns how many actions went."""
+        try:
+            unpushed = await self.off_loop.run(self.push_or_unpushed, claimed)
+            reason = "a push failed"
+        except Exception as error:
+            # Timed out (the broker stalls): none is known to have gone.
+            unpushed, reason = claimed, one_line(error)
+        if unpushed:
+            self.totals["push_failed"] += len(unpushed)
+            self.gate.close(reason)
+            await self.give_back(unpushed)
+        return len(claimed) - len(unpushed)
+
+    async def give_back(self, unpushed: list[ClaimedAction]) -> None:
+        """Claims whose push failed become due again now (``release_claims``), unless a worker
+        took them meanwhile; a failure here leaves them to their lease."""
+        pairs = [(c.action.id, c.action.epoch) for c in unpushed]
+        try:
+            released = await self.store.run(release_claims_operation(self.store.schema, pairs))
+        except (psycopg.Error, OSError) as error:
+            log.warning(
+                "giving back %s claims failed (%s); they are reclaimed after their lease",
+                len(pairs),
+                one_line(error),
+            )
+            return
+        self.totals["released"] += len(released)
+        log.warning(
+            "gave back %s of %s claims whose push failed (due again now; the rest was taken)",
+            len(released),
+            len(pairs),
+        )
 
     async def housekeep_if_due(self) -> None:
         now = time.monotonic()
         if now < self._next_housekeeping:
             return
         self._next_housekeeping = now + self.settings.housekeeping_interval.total_seconds()
+        self.totals["housekeeping"] += 1
         report_housekeeping(await self.store.housekeep())
         # Retention and the backlog gauges (outbox.housekeeping): bounded, never fatal.
         await operations_housekeeping(self.store, self.settings)
@@ -190,9 +257,13 @@ class Claimer:
     async def run_once(self) -> Round:
         """Housekeeping when due, one bounded claim, then the pushes."""
         await self.housekeep_if_due()
+        if not await self.gate.ready():
+            # The broker does not answer: nothing is claimed that could not be pushed.
+            self.totals["rounds"] += 1
+            return Round()
         result = await self.claim()
         if result.claimed:
-            result.pushed = self.push(result.claimed)
+            result.pushed = await self.push_off_loop(result.claimed)
         self.totals["rounds"] += 1
         self.totals["claimed"] += len(result.claimed)
         self.totals["pushed"] += result.pushed
@@ -215,11 +286,18 @@ class Claimer:
                         continue
                     if result.busy:
                         wait = min(wait, BUSY_POLL)
+                except ClaimLockBusy:
+                    wait = BUSY_POLL  # logged; the holder's session ends soon
+                except psycopg.OperationalError as error:
+                    # The server ended the session (e.g. this claimer sat idle inside its round
+                    # past claim_idle_timeout) or the connection broke.
+                    log.warning("claim round failed (%s); trying again", one_line(error))
                 except (psycopg.Error, OSError):
                     log.exception("claim round failed; trying again")
                 await self.wait(wait, stop)
         finally:
             await self._close_listener()
+            self.off_loop.close()
             log.info("claimer stopped: %s", self.totals)
 
     async def wait(self, timeout: float, stop: asyncio.Event) -> None:
@@ -251,7 +329,7 @@ class Claimer:
             return self._listener
         try:
             conn = await psycopg.AsyncConnection.connect(
-                self.settings.require_database_url(), autocommit=True
+                self.settings.require_database_url(), autocommit=True, **CONNECTION_OPTIONS
             )
             channel = sql.Identifier(f"outbox_{self.store.schema}")
             query = sql.SQL(queries_for(self.store.schema)["listen_enqueues"])  # type: ignore[arg-type]
@@ -278,8 +356,18 @@ async def run_claimer_async(
     port = dispatch.outbox.settings.metrics_port
     server = metrics.start_metrics_server(port) if port else None
     try:
+        # PostgreSQL and the broker are waited for (with backoff, each wait logged), and a
+        # stop request ends either wait at once.
+        url = dispatch.outbox.settings.require_database_url()
+        if not await wait_for_database(url, log, stop):
+            log.info("claimer stopped before it started: PostgreSQL never answered")
+            return {}
         async with dispatch.outbox.store() as store:
             claimer = Claimer(dispatch, store, kinds=kinds)
+            if not await claimer.gate.wait_until_up(stop):
+                claimer.off_loop.close()
+                log.info("claimer stopped before it started: the broker never answered")
+                return claimer.totals
             await claimer.run(stop)
             return claimer.totals
     finally:

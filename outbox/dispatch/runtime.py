@@ -3,11 +3,17 @@
 Dramatiq runs actors on worker threads; the outbox's executor is async. Each worker process
 gets one loop thread and one ``Store`` (autocommit pool) on it, started on first use in that
 process (so a fork never inherits a parent's pool), and every message's coroutine runs there.
+
+The pool opens in the background: a worker whose PostgreSQL is down at start still boots (so
+Dramatiq's SIGTERM handling works), logs each wait for the server in one line, and its messages
+wait for the pool; a stop ends the wait at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
@@ -20,6 +26,7 @@ from dramatiq.asyncio import EventLoopThread
 from dramatiq.middleware import Interrupt
 
 from outbox import metrics
+from outbox.connecting import wait_for_database
 from outbox.executor import ActionExecutor, Outcome
 
 if TYPE_CHECKING:
@@ -31,7 +38,8 @@ T = TypeVar("T")
 
 #: How often a thread waiting for its attempt looks for an Interrupt (as dramatiq's own).
 INTERRUPT_CHECK = 0.1
-#: How long starting the loop thread and opening the pool may take before a worker gives up.
+#: How long starting the loop thread (and closing the pool at stop) may take before a worker
+#: gives up. Opening the pool waits for PostgreSQL as long as it takes (each wait logged).
 START_TIMEOUT = 30.0
 
 
@@ -51,6 +59,8 @@ class WorkerRuntime:
         self._thread: EventLoopThread | None = None
         self._stack: AsyncExitStack | None = None
         self._executor: ActionExecutor | None = None
+        self._opening: concurrent.futures.Future[None] | None = None
+        self._stopping: asyncio.Event | None = None
         #: Messages this process dropped because their epoch was stale or already taken.
         self.abandoned = 0
 
@@ -62,29 +72,60 @@ class WorkerRuntime:
             thread = EventLoopThread(log)
             thread.daemon = True
             thread.start(timeout=START_TIMEOUT)
-            future = asyncio.run_coroutine_threadsafe(self._open(), thread.loop)
-            future.result(timeout=START_TIMEOUT)
+            self._stopping = asyncio.Event()
+            self._opening = asyncio.run_coroutine_threadsafe(self._open(), thread.loop)
             self._thread = thread
             self._pid = os.getpid()
             log.info("outbox worker runtime started in process %s", self._pid)
 
     async def _open(self) -> None:
-        stack = AsyncExitStack()
-        store = await stack.enter_async_context(self.outbox.store())
-        self._stack = stack
-        self._executor = self.outbox.executor(store)
+        """Waits for PostgreSQL (with backoff, each wait logged), then opens the pool."""
+        assert self._stopping is not None
+        url = self.outbox.settings.require_database_url()
+        while not self._stopping.is_set():
+            if not await wait_for_database(url, log, self._stopping):
+                break
+            stack = AsyncExitStack()
+            try:
+                store = await stack.enter_async_context(self.outbox.store())
+            except Exception as error:  # the server went away again meanwhile
+                log.warning("opening the outbox pool failed (%s); waiting again", error)
+                continue
+            self._stack = stack
+            self._executor = self.outbox.executor(store)
+            return
+        raise RuntimeError("the worker runtime stopped before PostgreSQL answered")
+
+    async def _ready(self) -> ActionExecutor:
+        """The executor, once the pool is open (waiting for it while PostgreSQL is down)."""
+        opening = self._opening
+        assert opening is not None
+        if not opening.done():
+            await asyncio.wrap_future(opening)
+        opening.result()
+        assert self._executor is not None
+        return self._executor
 
     def stop(self) -> None:
         """Closes the pool and stops the loop thread (after the worker finished its messages)."""
         with self._lock:
-            thread, stack = self._thread, self._stack
+            thread = self._thread
             if thread is None or self._pid != os.getpid():
                 return
+            stopping, opening = self._stopping, self._opening
+            if stopping is not None:
+                thread.loop.call_soon_threadsafe(stopping.set)
+            if opening is not None:
+                # Stopped while waiting for PostgreSQL: nothing was opened.
+                with contextlib.suppress(Exception):
+                    opening.result(timeout=START_TIMEOUT)
+            stack = self._stack
             if stack is not None:
                 future = asyncio.run_coroutine_threadsafe(stack.aclose(), thread.loop)
                 future.result(timeout=START_TIMEOUT)
             thread.stop()
             self._thread = self._stack = self._executor = None
+            self._opening = self._stopping = None
             self._pid = None
 
     def run(self, kind: str, action_id: int, epoch: int) -> Outcome | None:
@@ -122,8 +163,7 @@ class WorkerRuntime:
         )
 
     async def _run(self, kind: str, action_id: int, epoch: int) -> Outcome | None:
-        executor = self._executor
-        assert executor is not None
+        executor = self._executor or await self._ready()
         # Taken before the statement, so the local deadline never outlives the database lease.
         started = time.monotonic()
         claimed = await executor.store.take_attempt(action_id, epoch)

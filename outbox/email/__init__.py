@@ -11,6 +11,7 @@ from outbox.email.message import build_message, message_id_for
 from outbox.email.notice import (
     CannotReceive,
     EmailNotice,
+    InvalidEmail,
     NoticeRegistry,
     PreparedEmail,
     RecipientCannotReceive,
@@ -22,6 +23,7 @@ __all__ = [
     "CannotReceive",
     "EmailAdapter",
     "EmailNotice",
+    "InvalidEmail",
     "NoticeRegistry",
     "PreparedEmail",
     "RecipientCannotReceive",

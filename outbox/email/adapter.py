@@ -14,8 +14,11 @@ EHLO, STARTTLS, login (any reply)
 timeout or dropped connection before DATA  ``Retry``
 timeout or dropped connection once DATA    ``Uncertain``: the relay may have queued it; an
 began                                      at-most-once email is never sent twice
-250 after the message                      ``Done(relay's reply)``
+250 after the message                      ``Done(Message-ID [queue-id=<relay's id>])``
 =========================================  ===================================================
+
+A message that cannot be built (a notice rendered a malformed address, subject or URL) ends
+``Failed(MESSAGE_INVALID)`` before the fence: it would fail alike on every attempt.
 
 Logs name the notice, the action and the Message-ID; never an address, a credential, or the
 relay's reply text (relays echo addresses in it).
@@ -25,18 +28,18 @@ from __future__ import annotations
 
 import enum
 import logging
+import re
 from collections.abc import Iterable
 from datetime import timedelta
-from email import policy
-from email.message import EmailMessage
 
 import aiosmtplib
 
 from outbox.attempt import ActionAttempt
-from outbox.email.message import build_message
+from outbox.email.message import RenderedMessage, render
 from outbox.email.notice import (
     CannotReceive,
     EmailNotice,
+    InvalidEmail,
     NoticeRegistry,
     PreparedEmail,
     RecipientCannotReceive,
@@ -44,6 +47,7 @@ from outbox.email.notice import (
 )
 from outbox.email.smtp_url import SmtpSettings
 from outbox.results import Abandoned, Cancelled, Defer, Done, Failed, Result, Retry, Uncertain
+from outbox.state import StopReason
 
 log = logging.getLogger("outbox.email")
 
@@ -53,8 +57,27 @@ log = logging.getLogger("outbox.email")
 UNKNOWN_NOTICE_DEFER = timedelta(seconds=30)
 #: Seconds to wait for the reply to QUIT once the message is accepted.
 QUIT_TIMEOUT = 2.0
-#: Longest relay reply kept as ``readback_ref``.
-MAX_REF_LENGTH = 200
+# A relay's queue id, where its reply names one the common ways ("250 2.0.0 Ok: queued as
+# 4F1X2Y", Exim's "250 OK id=1abcDE-000123-AB"): letters, digits, '.', '_', '-', standing alone,
+# so that nothing of an address (which a reply can echo) is ever taken for one.
+_QUEUE_ID = re.compile(
+    r"(?:\bqueued as|\bid=)\s*([A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?)"
+    r"(?=$|[\s;,)\]]|\.(?:\s|$))",
+    re.IGNORECASE,
+)
+
+
+def queue_id(reply: str) -> str | None:
+    """The relay's queue id in its reply to the message, when it names one unambiguously."""
+    match = _QUEUE_ID.search(reply)
+    return match.group(1) if match else None
+
+
+def readback_ref(message_id: str, reply: str) -> str:
+    """What identifies a sent email without personal data: the Message-ID, and the relay's queue
+    id when its reply names one. Never the reply's text: relays echo the recipient's address."""
+    queued = queue_id(reply)
+    return message_id if queued is None else f"{message_id} queue-id={queued}"
 
 
 class Phase(enum.Enum):
@@ -133,7 +156,10 @@ class EmailAdapter:
         if name not in self.notices:
             log.error("email action %s names unknown notice %r: given back", attempt.id, name)
             return Defer(UNKNOWN_NOTICE_DEFER, "EMAIL_UNKNOWN_NOTICE")
-        prepared = await self._prepare(self.notices.get(name), payload["event"])
+        try:
+            prepared = await self._prepare(self.notices.get(name), payload["event"])
+        except InvalidEmail as error:
+            return self._invalid(attempt, name, error)
         if isinstance(prepared, CannotReceive):
             log.info(
                 "email %s action %s cancelled: recipient %s",
@@ -143,13 +169,17 @@ class EmailAdapter:
                 extra={"event": "email_cancelled", "action_id": attempt.id, "kind": attempt.kind},
             )
             return Cancelled(prepared.reason)
-        message = build_message(prepared, self._sender, attempt.idempotency_key)
-        message_id = str(message["Message-ID"])
+        try:
+            # Built and encoded before the fence: a message that cannot be, never will be.
+            rendered = render(prepared, self._sender, attempt.idempotency_key)
+        except InvalidEmail as error:
+            return self._invalid(attempt, name, error)
+        message_id = rendered.message_id
         # The fence comes after everything that can fail without the relay, right before the
         # first byte goes to it: a refused fence means another holder owns the action.
         if not await attempt.fence().begin_write():
             return Abandoned()
-        result = await self._send(message, prepared.to)
+        result = await self._send(rendered, prepared.to)
         outcome_name = type(result).__name__.lower()
         reason = getattr(result, "reason", None) or ""
         log.log(
@@ -174,13 +204,26 @@ class EmailAdapter:
         return result
 
     @staticmethod
+    def _invalid(attempt: ActionAttempt, name: str, error: InvalidEmail) -> Failed:
+        """A message that cannot be built ends FAILED at once: every attempt would fail alike.
+        Only the error's type is logged: its text can quote the recipient's address."""
+        log.error(
+            "email %s action %s failed: the message cannot be built (%s)",
+            name,
+            attempt.id,
+            type(error).__name__,
+            extra={"event": "email_invalid", "action_id": attempt.id, "kind": attempt.kind},
+        )
+        return Failed(StopReason.MESSAGE_INVALID)
+
+    @staticmethod
     async def _prepare(notice: EmailNotice, event: dict) -> PreparedEmail | CannotReceive:
         try:
             return outcome(await notice.prepare_async(event))
         except RecipientCannotReceive as refused:
             return CannotReceive(refused.reason)
 
-    async def _send(self, message: EmailMessage, recipient: str) -> Result:
+    async def _send(self, rendered: RenderedMessage, recipient: str) -> Result:
         """One SMTP session, one command at a time so each failure has a phase."""
         smtp = self.smtp
         client = aiosmtplib.SMTP(
@@ -207,7 +250,7 @@ class EmailAdapter:
                 phase = Phase.LOGIN
                 await client.login(smtp.username, smtp.password or "")
             phase = Phase.MAIL
-            utf8 = not (self._sender.addr_spec.isascii() and recipient.isascii())
+            utf8 = rendered.utf8
             if utf8 and not client.supports_extension("smtputf8"):
                 return Failed("SMTP_NO_SMTPUTF8")  # nothing sent yet: this relay never can
             options = ["SMTPUTF8"] if utf8 else []
@@ -216,9 +259,7 @@ class EmailAdapter:
             phase = Phase.RCPT
             await client.rcpt(recipient, encoding=encoding)
             phase = Phase.DATA
-            reply = await client.data(
-                message.as_bytes(policy=policy.SMTPUTF8 if utf8 else policy.SMTP)
-            )
+            reply = await client.data(rendered.data)
             accepted = True
         except (aiosmtplib.SMTPException, OSError, TimeoutError) as error:
             return classify(phase, error)
@@ -233,7 +274,7 @@ class EmailAdapter:
             pass
         finally:
             client.close()
-        return Done(f"{reply.code} {reply.message}"[:MAX_REF_LENGTH])
+        return Done(readback_ref(rendered.message_id, reply.message))
 
 
 async def _hello(client: aiosmtplib.SMTP) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from outbox.action import Action
+from outbox.email.message import check_buildable
 from outbox.email.notice import (
     CannotReceive,
     EmailNotice,
@@ -53,7 +54,14 @@ def email_request(
     if not isinstance(event, Mapping):
         raise InvalidActionRequest("payload", "an email event must be a JSON object (a dict)")
     name = checked_name(notice)
-    key = idempotency_key or notice.idempotency_key(event) or default_idempotency_key(notice, event)
+    try:
+        key = (
+            idempotency_key
+            or notice.idempotency_key(event)
+            or default_idempotency_key(notice, event)
+        )
+    except (TypeError, ValueError, RecursionError) as error:  # hashing the event as JSON
+        raise InvalidActionRequest("payload", f"the email event is not JSON: {error}") from None
     if expires_at is None and notice.expires_after is not None:
         expires_at = datetime.now(UTC) + notice.expires_after
     return ActionRequest(
@@ -68,10 +76,15 @@ def email_request(
     )
 
 
-def _refuse_unless_receivable(notice: EmailNotice, prepared: object) -> PreparedEmail:
+def _refuse_unless_sendable(
+    notice: EmailNotice, prepared: object, request: ActionRequest
+) -> PreparedEmail:
+    """The prepared email, if its recipient can receive it and a message can be built from it
+    (else ``InvalidEmail``, a ``ValueError``: an attempt would end FAILED ``MESSAGE_INVALID``)."""
     checked = outcome(prepared)
     if isinstance(checked, CannotReceive):
         raise RecipientCannotReceive(notice.name, checked.reason)
+    check_buildable(checked, request.idempotency_key)
     return checked
 
 
@@ -90,7 +103,9 @@ def enqueue_email(
     """Prepares ``notice`` for ``event`` and enqueues it on ``conn`` (commits nothing).
 
     Raises ``RecipientCannotReceive`` (with the notice's reason) and enqueues nothing when the
-    recipient cannot receive it; ``ValueError`` when the notice renders a malformed email.
+    recipient cannot receive it; ``ValueError`` (``InvalidEmail``) when the notice renders an
+    email no message can be built from; ``InvalidActionRequest`` (a ``ValueError`` too) naming
+    the field when the request is bad (say an event the payload cannot hold).
     ``subject_account_id``: the recipient's account, so that erasing it deletes a pending email.
     A second call with the same idempotency key returns the first action.
     """
@@ -104,7 +119,7 @@ def enqueue_email(
         expires_at=expires_at,
     )
     try:
-        _refuse_unless_receivable(notice, notice.prepare(request.payload["event"]))
+        _refuse_unless_sendable(notice, notice.prepare(request.payload["event"]), request)
     except RecipientCannotReceive as refused:
         raise RecipientCannotReceive(notice.name, refused.reason) from None
     return enqueue(conn, request, schema=schema)
@@ -133,7 +148,8 @@ async def enqueue_email_async(
         expires_at=expires_at,
     )
     try:
-        _refuse_unless_receivable(notice, await notice.prepare_async(request.payload["event"]))
+        prepared = await notice.prepare_async(request.payload["event"])
+        _refuse_unless_sendable(notice, prepared, request)
     except RecipientCannotReceive as refused:
         raise RecipientCannotReceive(notice.name, refused.reason) from None
     return await enqueue_async(conn, request, schema=schema)

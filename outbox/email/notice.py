@@ -13,14 +13,29 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from email.errors import HeaderParseError
 from email.headerregistry import Address
 from typing import Any, ClassVar
 
 from outbox.errors import OutboxError
 
-_NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,99}$")
+_NAME = re.compile(r"[a-z][a-z0-9_.-]{0,99}")
 # Header values must not carry line breaks: one would let an event inject headers.
 _LINE_BREAK = re.compile(r"[\r\n]")
+# What a header value must not hold: every control character but TAB, including those Python's
+# email package folds as line breaks (VT, FF, FS, GS, RS, NEL) and U+2028/U+2029.
+_HEADER_FORBIDDEN = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+#: Longest unsubscribe URL: ``List-Unsubscribe: <url>`` must fit one header line (998 octets,
+#: RFC 5322), since a URL cannot be folded.
+MAX_UNSUBSCRIBE_URL_LENGTH = 900
+# RFC 3986 characters, without the comma that separates List-Unsubscribe targets (RFC 2369):
+# no space, no angle bracket, no quote, nothing beyond ASCII (percent-encode those).
+_URL = re.compile(r"https://[A-Za-z0-9._~:/?#\[\]@!$&'()*+;=%-]+")
+
+
+class InvalidEmail(ValueError):
+    """A ``PreparedEmail`` that no message can be built from. A ``ValueError``: it is raised at
+    enqueue, and ends an attempt FAILED ``MESSAGE_INVALID`` at once (it would always repeat)."""
 
 
 class RecipientCannotReceive(OutboxError):
@@ -72,26 +87,52 @@ class PreparedEmail:
     unsubscribe_url: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("to", "subject", "to_name", "unsubscribe_url"):
+        for name in ("to", "subject", "text", "html", "to_name", "unsubscribe_url"):
             value = getattr(self, name)
-            if value is not None and _LINE_BREAK.search(value):
-                raise ValueError(f"PreparedEmail.{name} must not contain a line break")
+            if value is None and name in ("html", "to_name", "unsubscribe_url"):
+                continue
+            if not isinstance(value, str):
+                raise InvalidEmail(f"PreparedEmail.{name} must be a string")
+            if "\x00" in value:
+                raise InvalidEmail(f"PreparedEmail.{name} must not contain a NUL character")
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise InvalidEmail(
+                        f"PreparedEmail.{name} contains a lone surrogate (not valid Unicode)"
+                    ) from None
+            if name not in ("text", "html") and _HEADER_FORBIDDEN.search(value):
+                raise InvalidEmail(
+                    f"PreparedEmail.{name} must not contain a line break or control character"
+                )
         if not self.subject.strip():
-            raise ValueError("PreparedEmail.subject must not be empty")
+            raise InvalidEmail("PreparedEmail.subject must not be empty")
         self.address()  # raises on a malformed address
         url = self.unsubscribe_url
-        if url is not None and not url.startswith("https://"):
-            # RFC 8058: the one-click URI MUST be HTTPS.
-            raise ValueError("PreparedEmail.unsubscribe_url must be an https:// URL")
+        if url is not None:
+            if not url.startswith("https://"):
+                # RFC 8058: the one-click URI MUST be HTTPS.
+                raise InvalidEmail("PreparedEmail.unsubscribe_url must be an https:// URL")
+            if not _URL.fullmatch(url):
+                raise InvalidEmail(
+                    "PreparedEmail.unsubscribe_url may hold only URL characters (RFC 3986) "
+                    "without a comma: percent-encode spaces, '<', '>', '\"', ',' and non-ASCII"
+                )
+            if len(url) > MAX_UNSUBSCRIBE_URL_LENGTH:
+                raise InvalidEmail(
+                    f"PreparedEmail.unsubscribe_url is longer than "
+                    f"{MAX_UNSUBSCRIBE_URL_LENGTH} characters"
+                )
 
     def address(self) -> Address:
         """The recipient as a header address (raises ``ValueError`` when malformed)."""
         try:
             address = Address(display_name=self.to_name or "", addr_spec=self.to)
-        except (ValueError, IndexError) as error:
-            raise ValueError(f"PreparedEmail.to is not an email address: {error}") from None
+        except (ValueError, IndexError, HeaderParseError) as error:
+            raise InvalidEmail(f"PreparedEmail.to is not an email address: {error}") from None
         if not address.username or not address.domain:
-            raise ValueError("PreparedEmail.to is not an email address")
+            raise InvalidEmail("PreparedEmail.to is not an email address")
         return address
 
 
@@ -130,7 +171,7 @@ class EmailNotice:
 
 def checked_name(notice: EmailNotice) -> str:
     name = notice.name
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(
             f"{type(notice).__name__}.name must be lowercase letters, digits, '_', '.', '-' "
             f"(at most 100), got {name!r}"

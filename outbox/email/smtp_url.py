@@ -9,8 +9,10 @@ Neither user name nor password is part of ``repr`` or ``str``, so settings can b
 from __future__ import annotations
 
 import os
+import re
 import ssl
 from dataclasses import dataclass, field
+from email.errors import HeaderParseError
 from email.headerregistry import Address
 from email.utils import parseaddr
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -21,6 +23,9 @@ from outbox.errors import ConfigurationError
 #: Seconds to wait for each SMTP reply (and for the connection). Short enough that a hung relay
 #: ends the attempt well inside the fence's write margin (60 s by default).
 DEFAULT_TIMEOUT = 20.0
+
+# Every control character but TAB, and the Unicode line separators Python's email package folds.
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 
 _TRUE = {"1", "true", "yes", "on", ""}
 _FALSE = {"0", "false", "no", "off"}
@@ -107,13 +112,25 @@ class SmtpSettings:
         return cls.from_url(url, sender)
 
     def sender_address(self) -> Address:
-        """The ``From`` address; its domain names every Message-ID."""
+        """The ``From`` address; its domain names every Message-ID. A sender with a control
+        character (a line break would end the header) is refused, never cut down to a part."""
+        if not isinstance(self.sender, str) or _CONTROL.search(self.sender):
+            raise ConfigurationError(
+                f"email sender {self.sender!r} must not contain a line break or control character"
+            )
         name, addr = parseaddr(self.sender)
         try:
             address = Address(display_name=name, addr_spec=addr)
-        except (ValueError, IndexError):
+        except (ValueError, IndexError, HeaderParseError):
             address = None
-        if address is None or not address.username or not address.domain:
+        # parseaddr drops what it cannot read ("a@b.com junk" gives "a@b.comjunk"): an address
+        # that is not in the setting as written is a misread, not the sender.
+        if (
+            address is None
+            or not address.username
+            or not address.domain
+            or address.addr_spec not in self.sender
+        ):
             raise ConfigurationError(f"email sender {self.sender!r} is not an email address")
         return address
 

@@ -137,8 +137,8 @@ UPDATE {schema}.agent_action a
 RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
           CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
           a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
-          a.write_started_at, a.readback_ref, a.stop_reason, a.retry_reason, a.created_at,
-          a.ended_at, a.lease_until - now() AS lease_left
+          a.write_started_at, a.earlier_write_at, a.readback_ref, a.stop_reason,
+          a.retry_reason, a.created_at, a.ended_at, a.lease_until - now() AS lease_left
 
 -- name: claim_reclaims
 -- Executing actions whose lease expired are claimed again at once, without waiting for their
@@ -167,8 +167,8 @@ UPDATE {schema}.agent_action a
 RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
           CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
           a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
-          a.write_started_at, a.readback_ref, a.stop_reason, a.retry_reason, a.created_at,
-          a.ended_at, a.lease_until - now() AS lease_left
+          a.write_started_at, a.earlier_write_at, a.readback_ref, a.stop_reason,
+          a.retry_reason, a.created_at, a.ended_at, a.lease_until - now() AS lease_left
 
 -- name: end_lost_leases
 -- Executing actions whose lease expired and that may not run again end: an at-most-once one
@@ -226,6 +226,31 @@ RETURNING a.*, a.lease_until - now() AS lease_left
 -- until the claiming transaction ends, so replicas together keep the in-flight bound.
 SELECT pg_advisory_xact_lock(2830, hashtext(%(schema)s))
 
+-- name: claim_round_guard
+-- Opens a claim transaction with LOCAL bounds (how long it waits for the claim lock, runs one
+-- statement, and sits idle between statements: past that the server ends the session, so a
+-- claimer paused or cut off while it holds the lock frees it), then takes the claim lock (as
+-- claim_lock, which then returns at once), so the claimer can time its wait. The settings come
+-- first in the target list: the lock's wait already runs under the new lock_timeout.
+SELECT set_config('lock_timeout', %(lock_timeout)s, true),
+       set_config('statement_timeout', %(statement_timeout)s, true),
+       set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, true),
+       pg_advisory_xact_lock(2830, hashtext(%(schema)s)) IS NULL AS locked
+
+-- name: release_claims
+-- Claims whose push failed are given back at once: each (id, epoch) still EXECUTING at that
+-- epoch, not taken by a worker and whose write never started becomes ADMITTED and due now
+-- (epoch and attempt unchanged; a late delivery of that epoch finds it no longer EXECUTING and
+-- is dropped). One whose write started on an earlier epoch keeps its lease (a reclaim reads back).
+UPDATE {schema}.agent_action a
+   SET state = 'ADMITTED', available_at = now(), lease_until = NULL
+  FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
+ WHERE a.id = ANY(%(ids)s::bigint[])  -- primary-key probes, never a scan of EXECUTING rows
+   AND a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+   AND a.taken_epoch IS DISTINCT FROM a.epoch
+   AND a.write_started_at IS NULL
+RETURNING a.id, a.epoch
+
 -- name: listen_enqueues
 -- Wakes this connection on every enqueueing statement (trigger agent_action_inserted, 0004)
 -- and on every lane whose next action became due. {channel} is filled in as an identifier:
@@ -281,9 +306,11 @@ UPDATE {schema}.agent_action a
 RETURNING a.id, a.epoch
 
 -- name: finish_retry
--- A proven retry: waiting again after `after`, fence and lease cleared, if the epoch holds.
+-- A retry: waiting again after `after`, fence and lease cleared (the write's start kept as
+-- earlier_write_at for a read-back adapter), if the epoch holds.
 UPDATE {schema}.agent_action
    SET state = 'ADMITTED', available_at = now() + %(after)s, retry_reason = %(reason)s,
+       earlier_write_at = coalesce(write_started_at, earlier_write_at),
        lease_until = NULL, write_started_at = NULL
  WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
 RETURNING id
@@ -292,7 +319,8 @@ RETURNING id
 -- A deferral: like a retry, and the attempt is given back.
 UPDATE {schema}.agent_action
    SET state = 'ADMITTED', available_at = now() + %(after)s, attempt = attempt - 1,
-       retry_reason = %(reason)s, lease_until = NULL, write_started_at = NULL
+       retry_reason = %(reason)s, earlier_write_at = coalesce(write_started_at, earlier_write_at),
+       lease_until = NULL, write_started_at = NULL
  WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
 RETURNING id
 

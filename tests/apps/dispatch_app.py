@@ -14,7 +14,9 @@ read-back search raises: an error before the fence). Environment knobs:
 ``DISPATCH_APP_OWN_BROKER=1`` builds the application's own broker with an actor of its own (an
 existing Dramatiq shop);
 ``DISPATCH_APP_STALL_PUSH=1`` adds a middleware that records, then stalls, every push (to kill
-a claimer between its claim's commit and its push).
+a claimer between its claim's commit and its push); ``DISPATCH_APP_STOP_IN_CLAIM=PATH`` makes,
+once the test created PATH.arm, the first claimer process to create PATH stop itself (SIGSTOP)
+inside a claim round, right after it took the claim lock (PATH then holds its pid).
 """
 
 from __future__ import annotations
@@ -203,9 +205,43 @@ def shop_queue(suffix: str) -> str:
     return f"shop_{suffix.lower()}"
 
 
+def stop_inside_claim_round(marker: str) -> None:
+    """Wraps the claimer's claim operation: once the claim lock is held (and ``marker.arm``
+    exists), the first process to create ``marker`` writes its pid there and stops itself,
+    holding the lock, until SIGCONT."""
+    import signal
+
+    from outbox.dispatch import claimer
+
+    original = claimer.bounded_claim_operation
+
+    def stopping(*args: Any, **kwargs: Any) -> Any:
+        inner = original(*args, **kwargs)
+        statement = next(inner)
+        while True:
+            rows = yield statement
+            if "pg_advisory_xact_lock" in statement.sql and os.path.exists(f"{marker}.arm"):
+                try:
+                    fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    pass
+                else:
+                    os.write(fd, str(os.getpid()).encode())
+                    os.close(fd)
+                    os.kill(os.getpid(), signal.SIGSTOP)
+            try:
+                statement = inner.send(rows)
+            except StopIteration as done:
+                return done.value
+
+    claimer.bounded_claim_operation = stopping  # type: ignore[assignment]
+
+
 @cache
 def make_outbox() -> Outbox:
     """``tests.apps.dispatch_app:make_outbox``: the app from the environment."""
+    if os.environ.get("DISPATCH_APP_STOP_IN_CLAIM"):
+        stop_inside_claim_round(os.environ["DISPATCH_APP_STOP_IN_CLAIM"])
     return build(
         os.environ["OUTBOX_DATABASE_URL"],
         os.environ["OUTBOX_SCHEMA"],

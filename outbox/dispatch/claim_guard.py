@@ -1,0 +1,68 @@
+"""Bounds on a claim round's transaction, so no claimer holds up another for long.
+
+A claim round holds a transaction-scoped advisory lock (``claim_lock``) while it counts and
+claims. A claimer paused (SIGSTOP, a long GC, a stalled VM) or cut off while it holds the lock
+would stop every other claimer of the schema. ``claim_round_guard`` opens each round's
+transaction with LOCAL server-side bounds:
+
+- ``idle_in_transaction_session_timeout``: the server ends the session of a claimer that sits
+  idle inside its round (paused or cut off), which frees the lock and rolls its claims back;
+- ``lock_timeout``: a round waits at most this long for the lock, then gives up and tries again;
+- ``statement_timeout``: no statement of a round runs longer.
+
+The waiting side logs how long it waited; a wait that timed out is logged and raised as
+``ClaimLockBusy`` (the claimer tries again).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+
+from outbox.config import Settings
+from outbox.queries import queries_for
+
+log = logging.getLogger("outbox.claimer")
+
+#: A wait for the claim lock at least this long is logged: replicas' rounds take milliseconds.
+LOCK_WAIT_LOGGED = 0.25
+
+
+class ClaimLockBusy(Exception):
+    """Another claimer held the claim lock for longer than ``claim_lock_timeout``."""
+
+
+def _ms(value: timedelta) -> str:
+    return f"{max(1, round(value.total_seconds() * 1000))}ms"
+
+
+async def enter_claim_round(conn: AsyncConnection[Any], schema: str, settings: Settings) -> float:
+    """Sets the round's bounds and takes the claim lock, inside the open transaction of
+    ``conn``; returns how long the lock took (seconds). Raises ``ClaimLockBusy``."""
+    params = {
+        "schema": schema,
+        "lock_timeout": _ms(settings.claim_lock_timeout),
+        "statement_timeout": _ms(settings.claim_statement_timeout),
+        "idle_timeout": _ms(settings.claim_idle_timeout),
+    }
+    started = time.monotonic()
+    try:
+        await conn.execute(queries_for(schema)["claim_round_guard"], params)
+    except psycopg.errors.LockNotAvailable:
+        waited = time.monotonic() - started
+        log.warning(
+            "claim lock not granted after %.1fs: another claimer holds it (paused or cut off; "
+            "the server ends its session after %ss idle); trying again",
+            waited,
+            settings.claim_idle_timeout.total_seconds(),
+        )
+        raise ClaimLockBusy(f"claim lock not granted within {waited:.1f}s") from None
+    waited = time.monotonic() - started
+    if waited >= LOCK_WAIT_LOGGED:
+        log.warning("waited %.1fs for the claim lock another claimer held", waited)
+    return waited
