@@ -40,10 +40,10 @@ DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
 #: Enqueue batches are this far apart; the actions are spread over ENQUEUE_SHARE of the run.
 BATCH_EVERY = 0.2
 ENQUEUE_SHARE = 0.75
-#: Every other worker kill, the first included, is aimed: it waits up to AIM_PATIENCE s for a
-#: worker that is sending an email past its fence (for AIM_AFTER_FENCE s already) and kills
-#: that one. Kills at random moments alone can all miss the at-most-once fence-to-finish
-#: window, and then the UNCERTAIN check has nothing to examine.
+#: Every other worker kill, the first included, is aimed (every one until an aimed kill hit): it
+#: waits up to AIM_PATIENCE s for a worker that is sending an email past its fence (for
+#: AIM_AFTER_FENCE s already) and kills that one. Kills at random moments alone can all miss the
+#: at-most-once fence-to-finish window, and then the UNCERTAIN check has nothing to examine.
 AIM_PATIENCE = 1.5
 AIM_AFTER_FENCE = 0.05
 
@@ -246,7 +246,10 @@ class Soak:
                 injector.tick(now - t0, self.watch)
             if victim is None and not injector.busy and now >= next_kill and now - t0 < o.duration:
                 victim = fleet.pick(rng)
-                aimed = victim.role == "worker" and fleet.kills["worker"] % 2 == 0
+                # Aimed until one hits: a fault just before can leave no email past its fence.
+                aimed = victim.role == "worker" and (
+                    fleet.kills["worker"] % 2 == 0 or self.aimed_hits == 0
+                )
                 give_up = now + (AIM_PATIENCE if aimed else 0.0)
             if victim is not None:
                 writing = fleet.writing(EMAIL.name, AIM_AFTER_FENCE) if aimed else []
