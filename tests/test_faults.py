@@ -1,9 +1,10 @@
 """Faults a job system meets in production, with real claimer and worker processes: the broker
-restarted (its queued messages lost), PostgreSQL restarted, the worker pool down for several
-leases, a claimer paused. Servers a test stops or restarts are its own
-(``benchmarks.chaos.servers``), never the shared ones. Each scenario checks the same guarantees
-(``fault_support.assert_guarantees``): every action ends once, nothing ends uncalled unless
-cancelled, no effect happens twice, lanes never overlap."""
+restarted (its queued messages lost) or down under a claimer, PostgreSQL restarted or down when
+the processes start, the worker pool down for several leases, a claimer paused inside its claim,
+a run that fails before its fence after an earlier run wrote. Servers a test stops or restarts
+are its own (``benchmarks.chaos.servers``), never the shared ones. Each scenario checks the same
+guarantees (``fault_support.assert_guarantees``): every action ends once, nothing ends uncalled
+unless cancelled, no effect happens twice, lanes never overlap."""
 
 from __future__ import annotations
 
