@@ -2,9 +2,10 @@
 they claim to.
 
 The soak runs real claimer and dramatiq worker processes, a real SMTP sink process and a comment
-store, SIGKILLs one process every few seconds, and checks every guarantee from PostgreSQL. The
-check tests below feed each check a violation it must report, so a soak that passes says
-something.
+store on a PostgreSQL and a Redis of its own, SIGKILLs one process every few seconds, restarts the
+broker and the database once each, takes the worker pool down for longer than a lease, and checks
+every guarantee from PostgreSQL. The check tests below feed each check a violation it must
+report, so a soak that passes says something.
 """
 
 from __future__ import annotations
@@ -14,38 +15,26 @@ import random
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlparse
 
 import pytest
 
-from benchmarks.chaos import checks
+from benchmarks.chaos import checks, servers
 from benchmarks.chaos.checks import Evidence
 from benchmarks.chaos.fleet import MAX_KILL_LEAD, Fleet, Member
 from benchmarks.chaos.soak import Options, run
-
-#: The soak's Redis database in the test suite (the soak flushes it; a manual run uses 11).
-BROKER_DB = "/12"
+from tests.services import missing_service
 
 
 @pytest.mark.slow
-def test_short_soak_under_random_sigkills_keeps_every_guarantee(
-    database_url: str, redis_url: str
-) -> None:
-    outcome = run(
-        Options(
-            actions=2500,
-            duration=40.0,
-            kill_interval=3.0,
-            seed=3,
-            erasures=4,
-            database_url=database_url,
-            broker_url=urlparse(redis_url)._replace(path=BROKER_DB).geturl(),
-        )
-    )
+def test_short_soak_under_sigkills_restarts_and_a_pool_outage_keeps_every_guarantee() -> None:
+    missing = servers.missing_binaries()
+    if missing:
+        missing_service(missing)
+    outcome = run(Options(actions=2500, duration=40.0, kill_interval=3.0, seed=3, erasures=4))
     print("\n" + outcome.table)
     failed = [c for c in outcome.checks if not c.ok]
     assert not failed, outcome.table
-    assert len(outcome.checks) == 9
+    assert len(outcome.checks) == 10
     assert all(c.examined > 0 for c in outcome.checks), outcome.table
     # The soak exercised what it claims to: kills of both roles, kills after a fence (an email's
     # among them, so UNCERTAIN is examined), retries from both injected provider faults,
@@ -59,6 +48,8 @@ def test_short_soak_under_random_sigkills_keeps_every_guarantee(
     assert int(happened["comment store errors injected / met"].split(" / ")[1]) > 0
     assert int(happened["accounts erased / actions erased"].split(" / ")[1]) > 0
     assert happened["actions enqueued"] == 2500 and happened["lanes"] >= 300
+    for fault in ("broker restart", "database restart", "worker pool outage"):
+        assert f"fault: {fault}" in happened, outcome.table
 
 
 @pytest.mark.parametrize("seed", range(50))
@@ -139,6 +130,8 @@ def evidence(**fields: Any) -> Evidence:
         "comments": Counter({"m1": 1, "m2": 1}),
         "accepted": Counter(),
         "expected_erased": {},
+        "takes": Counter({1: 1, 2: 1}),
+        "faults": [],
     }
     return Evidence(**{**base, **fields})
 
@@ -221,6 +214,41 @@ def test_uncertain_check_names_the_kill_after_the_fence_and_rejects_any_other() 
     assert not checks.uncertain_explained(
         evidence(actions=actions, attempts=attempts, ends=[stopped])
     )[0].ok
+
+
+def test_attempt_check_catches_an_attempt_spent_without_a_take_and_an_early_exhaustion() -> None:
+    # A claim (or a reclaim after a lost push) that raised attempt: 2 attempts, 1 take.
+    spent = evidence(actions={1: action(1, attempt=2), 2: action(2)})
+    assert not checks.attempts_spent_by_runs(spent).ok
+    # A take that did not raise attempt.
+    assert not checks.attempts_spent_by_runs(evidence(takes=Counter({1: 2, 2: 1}))).ok
+    # Exhausted after 1 adapter call of 3 (the other attempts spent while no worker ran).
+    exhausted = action(1, "FAILED", stop_reason="ATTEMPTS_EXHAUSTED", attempt=3, max_attempts=3)
+    early = evidence(actions={1: exhausted, 2: action(2)}, takes=Counter({1: 3, 2: 1}))
+    check = checks.attempts_spent_by_runs(early)
+    assert [v for v in check.violations if "ATTEMPTS_EXHAUSTED" in v], check.violations
+    # Three takes, three adapter calls: a real exhaustion.
+    early.attempts += [attempt(1, 1, 1.5), attempt(1, 1.6, 1.8)]
+    assert checks.attempts_spent_by_runs(early).ok
+
+
+def test_uncertain_after_a_database_restart_is_explained_only_near_its_fence() -> None:
+    actions = {1: action(1, "UNCERTAIN", write_started_at=at(0.5)), 2: action(2)}
+    attempts = [attempt(1, 0, None), attempt(2, 8, 9, pgid=200)]
+    restart = {"id": 1, "name": "database restart", "before": at(1), "after": at(3)}
+    ev = evidence(actions=actions, attempts=attempts, faults=[restart])
+    assert checks.uncertain_explained(ev)[0].ok
+    late = {**restart, "before": at(200), "after": at(202)}  # after the lease ran out
+    assert not checks.uncertain_explained(evidence(actions=actions, faults=[late]))[0].ok
+    broker = {**restart, "name": "broker restart"}
+    assert not checks.uncertain_explained(evidence(actions=actions, faults=[broker]))[0].ok
+
+
+def test_lane_check_ends_an_attempt_whose_stop_was_not_written_at_its_deadline() -> None:
+    unstopped = attempt(1, 0, None, deadline=at(1.5))  # its process lived on
+    assert checks.no_lane_overlap(evidence(attempts=[unstopped, attempt(2, 2, 3)])).ok
+    late = attempt(1, 0, None, deadline=at(2.5))
+    assert not checks.no_lane_overlap(evidence(attempts=[late, attempt(2, 2, 3)])).ok
 
 
 def test_erasure_checks_catch_a_lost_action_and_a_write_after_erasure() -> None:

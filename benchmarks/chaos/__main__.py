@@ -1,5 +1,7 @@
 """``python -m benchmarks.chaos [--short] [--actions N] [--duration S] [--kill-interval S]
-[--seed N]``: the chaos soak. Prints its table on stdout; exits 1 when a check failed."""
+[--seed N] [--shared-servers] [--no-faults]``: the chaos soak. Prints its table on stdout; exits
+1 when a check failed. It runs on a PostgreSQL and a Redis of its own unless ``--shared-servers``
+(then on ``--database-url`` and ``--broker-url``, without server restarts)."""
 
 from __future__ import annotations
 
@@ -25,13 +27,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--erasures", type=int, help="accounts erased during the run")
     parser.add_argument("--keep", action="store_true", help="keep the run's schemas")
     parser.add_argument(
+        "--shared-servers",
+        action="store_true",
+        help="run on --database-url and --broker-url instead of private servers (no restarts)",
+    )
+    parser.add_argument(
+        "--no-faults",
+        action="store_true",
+        help="random SIGKILLs only: no server restart, no worker-pool outage",
+    )
+    parser.add_argument(
         "--database-url",
         default=os.environ.get("OUTBOX_CHAOS_DATABASE_URL", DEFAULT_DATABASE_URL),
     )
     parser.add_argument(
         "--broker-url",
         default=os.environ.get("OUTBOX_CHAOS_BROKER_URL", DEFAULT_BROKER_URL),
-        help="a Redis database of the soak's own (it is flushed)",
+        help="with --shared-servers: a Redis database of the soak's own (it is flushed)",
     )
     args = parser.parse_args(argv)
     base = SHORT if args.short else LONG
@@ -44,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         database_url=args.database_url,
         broker_url=args.broker_url,
         keep=args.keep,
+        private_servers=not args.shared_servers,
+        faults=not args.no_faults,
     )
     outcome = run(options)
     print(outcome.table, flush=True)

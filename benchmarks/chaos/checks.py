@@ -1,7 +1,8 @@
 """The guarantees, checked from what PostgreSQL holds once the soak has ended.
 
 Every check reads committed rows only: the outbox's ``agent_action``, the world (comments, the
-Message-IDs the sink accepted) and the watch (attempts, process ends, erasures, enqueued ids).
+Message-IDs the sink accepted) and the watch (attempts, takes, process ends, erasures, injected
+faults, enqueued ids).
 Each gives a count of what it examined and the violations it found; one violation fails the run.
 """
 
@@ -11,7 +12,7 @@ import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -20,8 +21,15 @@ from psycopg.rows import dict_row
 from benchmarks.chaos.tables import Schemas
 
 ENDED = ("DONE", "UNCERTAIN", "FAILED", "CANCELLED")
+#: The names of the faults the harness injects (``<watch>.fault.name``).
+BROKER_RESTART = "broker restart"
+DATABASE_RESTART = "database restart"
+WORKER_OUTAGE = "worker pool outage"
 #: The end of an interval whose process end was never recorded (it counts as still running).
 OPEN = datetime.max.replace(tzinfo=UTC)
+#: How long after a database restart a pooled connection it broke may still fail a write: such a
+#: connection fails on its next use, whenever that comes.
+RESTART_AFTERMATH = timedelta(seconds=60)
 
 
 @dataclass
@@ -48,6 +56,10 @@ class Evidence:
     accepted: Counter[str]
     #: The ids each erasure was expected to delete (enqueued for that account before it).
     expected_erased: dict[str, set[int]]
+    #: How many times a worker took each action (``<watch>.take``).
+    takes: Counter[int] = field(default_factory=Counter)
+    #: Injected faults besides the SIGKILLs (``<watch>.fault``): name, before, after.
+    faults: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def load(
@@ -64,7 +76,7 @@ class Evidence:
             actions={
                 r["id"]: r
                 for r in rows(
-                    "SELECT id, kind, state, stop_reason, epoch, attempt, lane_key,"
+                    "SELECT id, kind, state, stop_reason, epoch, attempt, max_attempts, lane_key,"
                     f" write_started_at, lease_until FROM {o}.agent_action"
                 )
             },
@@ -76,6 +88,8 @@ class Evidence:
                 r["message_id"] for r in rows(f"SELECT message_id FROM {t}.smtp_accepted")
             ),
             expected_erased=expected_erased,
+            takes=Counter(r["action_id"] for r in rows(f"SELECT action_id FROM {w}.take")),
+            faults=rows(f"SELECT * FROM {w}.fault ORDER BY id"),
         )
 
     @property
@@ -90,10 +104,12 @@ class Evidence:
         return self.comments[e["marker"]]
 
     def interval_end(self, attempt: dict[str, Any]) -> datetime:
-        """When an attempt stopped: its own stop, else its process group's end."""
+        """When an attempt stopped: its own stop, else its process group's end or its deadline,
+        whichever came first: the executor cancels an attempt at its lease's end, and a stop
+        that met the database down (a restart) was never written."""
         if attempt["stopped_at"] is not None:
             return attempt["stopped_at"]
-        return self.process_end(attempt["pgid"]) or OPEN
+        return min(self.process_end(attempt["pgid"]) or OPEN, attempt.get("deadline") or OPEN)
 
     def process_end(self, pgid: int) -> datetime | None:
         ends = [e["after"] for e in self.ends if e["pgid"] == pgid]
@@ -202,14 +218,28 @@ def lanes_in_id_order(ev: Evidence) -> Check:
     return check
 
 
+def restart_explains(ev: Evidence, action: dict[str, Any]) -> bool:
+    """A database restart came before the action's lease ran out, and after its fence at most by
+    RESTART_AFTERMATH: the attempt's finish may have met the database down, or a connection the
+    restart broke, so its result was never written."""
+    fenced = action["write_started_at"]
+    return fenced is not None and any(
+        f["name"] == DATABASE_RESTART
+        and f["before"] <= action["lease_until"]
+        and fenced <= f["after"] + RESTART_AFTERMATH
+        for f in ev.faults
+    )
+
+
 def uncertain_explained(ev: Evidence) -> tuple[Check, dict[int, int]]:
     """Each UNCERTAIN action has an attempt of its last epoch that asked its fence and whose
     process group was SIGKILLed after the fence passed and before the lease ran out, so that
-    attempt's finish was never written. (The adapter itself may have returned already: a kill
-    between its return and the executor's fenced finish loses the result, too.) Returns the
-    check and which kill (``process_end.id``) caused each."""
+    attempt's finish was never written (the adapter itself may have returned already: a kill
+    between its return and the executor's fenced finish loses the result, too), or else a
+    database restart explains it (``restart_explains``). Returns the check and which kill
+    (``process_end.id``) caused each UNCERTAIN a kill caused."""
     uncertain = [a for a in ev.actions.values() if a["state"] == "UNCERTAIN"]
-    check = Check("every UNCERTAIN caused by a kill", len(uncertain))
+    check = Check("every UNCERTAIN caused by a kill or a restart", len(uncertain))
     caused: dict[int, int] = {}
     kills = [e for e in ev.ends if e["how"] == "SIGKILL"]
     for action in uncertain:
@@ -235,14 +265,37 @@ def uncertain_explained(ev: Evidence) -> tuple[Check, dict[int, int]]:
             )
             if culprit is not None:
                 break
-        if culprit is None:
+        if culprit is not None:
+            caused[action["id"]] = culprit["id"]
+        elif not restart_explains(ev, action):
             check.violations.append(
                 f"action {action['id']} UNCERTAIN {action['stop_reason']} with no kill after "
-                "its fence"
+                "its fence nor a database restart"
             )
-        else:
-            caused[action["id"]] = culprit["id"]
     return check, caused
+
+
+def attempts_spent_by_runs(ev: Evidence) -> Check:
+    """An action's ``attempt`` is the number of times a worker took it (claims, reclaims and
+    lost pushes spend none), and no action ends ATTEMPTS_EXHAUSTED having called its adapter
+    fewer than ``max_attempts`` times."""
+    check = Check("attempts are spent only by runs", len(ev.actions))
+    calls = Counter(a["action_id"] for a in ev.attempts)
+    for action_id, action in sorted(ev.actions.items()):
+        taken = ev.takes[action_id]
+        if action["attempt"] != taken:
+            check.violations.append(
+                f"action {action_id} {action['state']} at attempt {action['attempt']}, "
+                f"taken {taken}x"
+            )
+        if action["stop_reason"] == "ATTEMPTS_EXHAUSTED" and calls[action_id] < action.get(
+            "max_attempts", 0
+        ):
+            check.violations.append(
+                f"action {action_id} ATTEMPTS_EXHAUSTED after {calls[action_id]} adapter calls "
+                f"of {action['max_attempts']}"
+            )
+    return check
 
 
 def no_write_after_erasure(ev: Evidence) -> Check:
@@ -273,5 +326,6 @@ def run_all(ev: Evidence) -> tuple[list[Check], dict[int, int]]:
         lanes_in_id_order(ev),
         uncertain,
         no_write_after_erasure(ev),
+        attempts_spent_by_runs(ev),
     ]
     return checks, caused

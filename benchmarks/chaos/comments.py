@@ -53,6 +53,8 @@ class CommentStore:
                     min_size=1,
                     max_size=4,
                     kwargs={"autocommit": True},
+                    # A connection a database restart broke is replaced before it is used.
+                    check=AsyncConnectionPool.check_connection,
                     open=False,
                 )
                 await pool.open(wait=True)

@@ -4,7 +4,8 @@ Each process is a session of its own (``outbox.dispatch.processes``), so a SIGKI
 ``dramatiq`` master down with its worker processes at once, as a crashed machine would. Every
 end of a process (kill, or the clean stop at the end) is committed to ``<watch>.process_end``
 with the database clock just before and just after the signal, keyed by the process group id
-that the adapters record with each attempt.
+that the adapters record with each attempt. A worker-pool outage SIGKILLs every worker and
+starts them again only when it ends.
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ class Fleet:
         """A random member, the next victim; of the other role once one role has had
         MAX_KILL_LEAD more kills, so that a short run kills both roles."""
         ahead = max(self.kills, key=lambda role: self.kills[role])
-        if self.kills[ahead] - min(self.kills.values()) >= MAX_KILL_LEAD:
-            return rng.choice([m for m in self.members if m.role != ahead])
+        others = [m for m in self.members if m.role != ahead]
+        if self.kills[ahead] - min(self.kills.values()) >= MAX_KILL_LEAD and others:
+            return rng.choice(others)
         return rng.choice(self.members)
 
     def writing(self, kind: str, for_at_least: float) -> list[Member]:
@@ -116,6 +118,25 @@ class Fleet:
         self.kills[victim.role] += 1
         self._spawn(victim.role, wait=False)
         return victim
+
+    def pool_down(self) -> int:
+        """A worker-pool outage: SIGKILLs every worker, each recorded, none replaced (random
+        kills meanwhile fall on claimers); returns how many went down."""
+        workers = [m for m in self.members if m.role == "worker"]
+        before = self._now()
+        for member in workers:
+            member.proc.kill()
+        for member in workers:
+            self._record(member, "SIGKILL", before)
+            self.members.remove(member)
+            member.proc.log_path.unlink(missing_ok=True)
+        return len(workers)
+
+    def pool_up(self) -> None:
+        """Ends the outage: starts the pool's workers again (not waiting)."""
+        missing = self.shape["worker"] - sum(m.role == "worker" for m in self.members)
+        for _ in range(missing):
+            self._spawn("worker", wait=False)
 
     def stop(self) -> None:
         """A clean stop of every member (running attempts finish first), each end recorded."""

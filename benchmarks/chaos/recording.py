@@ -43,6 +43,8 @@ class Recorder:
                     min_size=1,
                     max_size=4,
                     kwargs={"autocommit": True},
+                    # A connection a database restart broke is replaced before it is used.
+                    check=AsyncConnectionPool.check_connection,
                     open=False,
                 )
                 await pool.open(wait=True)
@@ -54,7 +56,8 @@ class Recorder:
     async def start(self, attempt: ActionAttempt) -> int:
         rows = await self._execute(
             f"INSERT INTO {self.t} (action_id, epoch, attempt, kind, lane, pgid, pid,"
-            " write_started) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            " write_started, deadline) VALUES (%s, %s, %s, %s, %s, %s, %s, %s,"
+            " clock_timestamp() + make_interval(secs => %s)) RETURNING id",
             (
                 attempt.id,
                 attempt.epoch,
@@ -64,6 +67,7 @@ class Recorder:
                 os.getpgid(0),
                 os.getpid(),
                 attempt.write_started,
+                attempt.time_left(),
             ),
         )
         return int(rows[0][0])

@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from benchmarks.chaos.checks import Check, Evidence
+from benchmarks.chaos.checks import Check, Evidence, restart_explains
 
 
 def happenings(
     ev: Evidence, caused: dict[int, int], faults_armed: int, faults_left: int, aimed_hits: int
 ) -> list[tuple[str, Any]]:
     """The numbers that say the soak exercised what it claims to: kills, kills inside the
-    fence-to-finish window, retries from injected faults, reclaims, erasures, expiries."""
+    fence-to-finish window, retries from injected faults, reclaims, erasures, expiries, and each
+    server restart and worker-pool outage with how long it lasted."""
     killed = {e["pgid"]: e for e in ev.ends if e["how"] == "SIGKILL"}
     roles = Counter(e["role"] for e in killed.values())
     cut = [a for a in ev.attempts if a["stopped_at"] is None and a["pgid"] in killed]
@@ -50,11 +51,23 @@ def happenings(
         ("UNCERTAIN, each with its kill", len(caused)),
         ("distinct kills that caused an UNCERTAIN", len(set(caused.values()))),
         (
+            "UNCERTAIN after a database restart, no kill",
+            sum(
+                1
+                for a in ev.actions.values()
+                if a["state"] == "UNCERTAIN" and a["id"] not in caused and restart_explains(ev, a)
+            ),
+        ),
+        ("takes by workers (= attempts spent)", sum(ev.takes.values())),
+        (
             "accounts erased / actions erased",
             f"{len(ev.erasures)} / {sum(e['erased'] for e in ev.erasures)}",
         ),
         ("  erased while EXECUTING", sum(e["in_flight"] for e in ev.erasures)),
     ]
+    for fault in ev.faults:
+        seconds = (fault["after"] - fault["before"]).total_seconds()
+        rows.append((f"fault: {fault['name']}", f"{seconds:.1f} s"))
     for (kind, state, reason), n in sorted(states.items()):
         rows.append((f"{kind} {state} {reason}", n))
     return rows

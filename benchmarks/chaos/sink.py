@@ -21,6 +21,7 @@ from collections import Counter
 from email.parser import BytesHeaderParser
 from typing import Any
 
+import psycopg
 from aiosmtpd.smtp import SMTP, Envelope, Session
 from psycopg_pool import AsyncConnectionPool
 
@@ -68,11 +69,15 @@ class Handler:
         content: Any = envelope.original_content or b""
         # A long Message-ID arrives folded onto a continuation line: unfold it.
         message_id = "".join(str(BytesHeaderParser().parsebytes(content)["Message-ID"]).split())
-        async with self.pool.connection() as conn:
-            await conn.execute(
-                f"INSERT INTO {self.table} (message_id, recipient) VALUES (%s, %s)",
-                (message_id, recipient),
-            )
+        try:
+            async with self.pool.connection() as conn:
+                await conn.execute(
+                    f"INSERT INTO {self.table} (message_id, recipient) VALUES (%s, %s)",
+                    (message_id, recipient),
+                )
+        except psycopg.Error:
+            # The relay's queue (the database) is down: not queued, the sender tries again.
+            return "451 4.3.0 queue unavailable, try again later"
         if fault_of(recipient) == "s":
             await asyncio.sleep(SLOW_REPLY)
         return "250 2.0.0 OK queued"
@@ -80,7 +85,13 @@ class Handler:
 
 async def serve(database_url: str, world: str, port: int) -> None:
     pool = AsyncConnectionPool(
-        database_url, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False
+        database_url,
+        min_size=1,
+        max_size=4,
+        kwargs={"autocommit": True},
+        # A connection a database restart broke is replaced before it is used.
+        check=AsyncConnectionPool.check_connection,
+        open=False,
     )
     await pool.open(wait=True)
     handler = Handler(pool, world)

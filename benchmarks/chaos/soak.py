@@ -1,8 +1,12 @@
-"""One soak run: set up, start the sink and the fleet, enqueue while killing, settle, check.
+"""One soak run: set up, start the sink and the fleet, enqueue while killing and injecting
+faults, settle, check.
 
-The run owns three schemas (``chaos_<pid>_<seed>`` and its ``_world``/``_watch``), dropped at the
-end unless ``keep``, and one Redis database (flushed before and after: the EMAIL kind's queue
-name is shared, so the soak must not share a Redis database with anything else).
+By default the run starts its own PostgreSQL and Redis (``servers``), so that it may restart
+them; with ``private_servers=False`` it runs on ``database_url`` and ``broker_url`` and the only
+fault besides the kills is the worker-pool outage. The run owns three schemas
+(``chaos_<pid>_<seed>`` and its ``_world``/``_watch``), dropped at the end unless ``keep``, and
+one Redis database (flushed before and after: the EMAIL kind's queue name is shared, so the soak
+must not share a Redis database with anything else).
 """
 
 from __future__ import annotations
@@ -13,17 +17,19 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from contextlib import ExitStack, suppress
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import redis
 
-from benchmarks.chaos import checks, report, sink, tables, workload
+from benchmarks.chaos import checks, faults, report, sink, tables, workload
 from benchmarks.chaos.app import SENDER
 from benchmarks.chaos.comments import COMMENT
 from benchmarks.chaos.fleet import Fleet, Member
+from benchmarks.chaos.servers import PrivatePostgres, PrivateRedis
 from benchmarks.chaos.tables import Schemas
 from outbox import EMAIL, Outbox, erase_subject
 
@@ -34,10 +40,10 @@ DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
 #: Enqueue batches are this far apart; the actions are spread over ENQUEUE_SHARE of the run.
 BATCH_EVERY = 0.2
 ENQUEUE_SHARE = 0.75
-#: Every other worker kill, the first included, is aimed: it waits up to AIM_PATIENCE s for a
-#: worker that is sending an email past its fence (for AIM_AFTER_FENCE s already) and kills
-#: that one. Kills at random moments alone can all miss the at-most-once fence-to-finish
-#: window, and then the UNCERTAIN check has nothing to examine.
+#: Every other worker kill, the first included, is aimed (every one until an aimed kill hit): it
+#: waits up to AIM_PATIENCE s for a worker that is sending an email past its fence (for
+#: AIM_AFTER_FENCE s already) and kills that one. Kills at random moments alone can all miss the
+#: at-most-once fence-to-finish window, and then the UNCERTAIN check has nothing to examine.
 AIM_PATIENCE = 1.5
 AIM_AFTER_FENCE = 0.05
 
@@ -58,6 +64,11 @@ class Options:
     database_url: str = DEFAULT_DATABASE_URL
     broker_url: str = DEFAULT_BROKER_URL
     keep: bool = False
+    #: Run on a PostgreSQL and a Redis of the soak's own (then ``database_url`` and
+    #: ``broker_url`` are not used), so that it may restart them.
+    private_servers: bool = True
+    #: Inject the scheduled faults (``faults``) besides the random SIGKILLs.
+    faults: bool = True
 
 
 @dataclass
@@ -98,8 +109,9 @@ class Soak:
         self.o = o
         self.s = Schemas(f"chaos_{os.getpid()}_{o.seed}")
         self.rng = random.Random(o.seed)
-        self.outbox = Outbox(o.database_url, schema=self.s.outbox)
-        self.outbox.declare(EMAIL, COMMENT)
+        self.pg: PrivatePostgres | None = None
+        self.redis: PrivateRedis | None = None
+        self.fleet: Fleet | None = None
         self.expected_erased: dict[str, set[int]] = {}
         self.by_account: dict[str, set[int]] = {}
         #: Aimed worker kills that found an email past its fence.
@@ -109,10 +121,33 @@ class Soak:
         print(f"[chaos {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
     def run(self) -> Outcome:
+        with ExitStack() as servers:
+            if self.o.private_servers:
+                self.pg = servers.enter_context(PrivatePostgres())
+                self.redis = servers.enter_context(PrivateRedis())
+                self.o = replace(self.o, database_url=self.pg.url, broker_url=self.redis.url)
+                self.log(f"private servers: {self.pg.url}, {self.redis.url}")
+            return self._run()
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """(Re)opens the harness's connections: ``watch`` (autocommit) and ``writer`` (the
+        application's transactions); returns ``watch``."""
+        for old in (getattr(self, "watch", None), getattr(self, "writer", None)):
+            if old is not None:
+                with suppress(psycopg.Error):
+                    old.close()
+        self.watch = psycopg.connect(self.o.database_url, autocommit=True)
+        self.writer = psycopg.connect(self.o.database_url)
+        if self.fleet is not None:
+            self.fleet.conn = self.watch
+        return self.watch
+
+    def _run(self) -> Outcome:
         o, s = self.o, self.s
         started = time.monotonic()
-        watch = psycopg.connect(o.database_url, autocommit=True)
-        writer = psycopg.connect(o.database_url)
+        self.outbox = Outbox(o.database_url, schema=s.outbox)
+        self.outbox.declare(EMAIL, COMMENT)
+        watch = self.connect()
         broker = redis.Redis.from_url(o.broker_url)
         sink_proc: subprocess.Popen[bytes] | None = None
         fleet: Fleet | None = None
@@ -124,13 +159,18 @@ class Soak:
             mix = workload.plan(o.actions, o.seed)
             armed = workload.inject_comment_faults(watch, s.world, mix)
             sink_proc, port = self._start_sink()
-            fleet = Fleet(_env(o, s, port), REPO, watch, s.watch)
+            fleet = self.fleet = Fleet(_env(o, s, port), REPO, watch, s.watch)
             fleet.start()
             self.log(
                 f"fleet up; {len(mix)} actions over {o.duration:.0f}s, a kill every "
                 f"~{o.kill_interval}s, schema {s.outbox}"
             )
-            self._chaos(fleet, writer, watch, mix)
+            plan = faults.schedule(o.duration, o.lease, self.pg is not None) if o.faults else []
+            injector = faults.Injector(
+                plan, fleet, s.watch, self.pg, self.redis, self.connect, self.log
+            )
+            self._chaos(fleet, injector, mix)
+            watch = self.watch
             self._settle(fleet, watch)
             fleet.stop()
             left = watch.execute(
@@ -151,9 +191,9 @@ class Soak:
                 sink_proc.wait(10)
             broker.flushdb()
             if not o.keep:
-                tables.drop(watch, s)
-            writer.close()
-            watch.close()
+                tables.drop(self.watch, s)
+            self.writer.close()
+            self.watch.close()
 
     def _start_sink(self) -> tuple[subprocess.Popen[bytes], int]:
         port = _free_port()
@@ -177,15 +217,10 @@ class Soak:
             raise RuntimeError(f"the SMTP sink did not start: {line!r}")
         return proc, port
 
-    def _chaos(
-        self,
-        fleet: Fleet,
-        writer: psycopg.Connection[Any],
-        watch: psycopg.Connection[Any],
-        mix: list[workload.Planned],
-    ) -> None:
-        """Enqueues the mix in batches, erases a few accounts and kills a process every
-        ``kill_interval`` (jittered), until ``duration`` has passed."""
+    def _chaos(self, fleet: Fleet, injector: faults.Injector, mix: list[workload.Planned]) -> None:
+        """Enqueues the mix in batches, erases a few accounts, kills a process every
+        ``kill_interval`` (jittered) and injects the scheduled faults, until ``duration`` has
+        passed. No random kill is aimed or made while a fault is in progress."""
         o, rng = self.o, self.rng
         t0 = time.monotonic()
         span = o.duration * ENQUEUE_SHARE
@@ -198,18 +233,23 @@ class Soak:
         cursor = 0
         while True:
             now = time.monotonic()
-            if now - t0 >= o.duration and cursor >= len(mix):
+            if now - t0 >= o.duration and cursor >= len(mix) and not injector.busy:
                 break
             due = min(len(mix), per_batch * (int((now - t0) / BATCH_EVERY) + 1))
             if cursor < due:
-                self._enqueue(writer, watch, mix[cursor:due])
+                self._enqueue(self.writer, self.watch, mix[cursor:due])
                 cursor = due
             if erase_at and now - t0 >= erase_at[0]:
                 erase_at.pop(0)
-                self._erase(writer, watch)
-            if victim is None and now >= next_kill and now - t0 < o.duration:
+                self._erase(self.writer, self.watch)
+            if victim is None:
+                injector.tick(now - t0, self.watch)
+            if victim is None and not injector.busy and now >= next_kill and now - t0 < o.duration:
                 victim = fleet.pick(rng)
-                aimed = victim.role == "worker" and fleet.kills["worker"] % 2 == 0
+                # Aimed until one hits: a fault just before can leave no email past its fence.
+                aimed = victim.role == "worker" and (
+                    fleet.kills["worker"] % 2 == 0 or self.aimed_hits == 0
+                )
                 give_up = now + (AIM_PATIENCE if aimed else 0.0)
             if victim is not None:
                 writing = fleet.writing(EMAIL.name, AIM_AFTER_FENCE) if aimed else []

@@ -2,9 +2,11 @@
 
 ``<run>_world`` is the outside world: the comment store (the read-back provider) and what the
 SMTP sink accepted. ``<run>_watch`` is what the harness observes: each attempt as the adapters saw
-it, each process end (SIGKILL or clean stop), each erasure. Every row there is written in its own
-short autocommit transaction, never inside an action's, so a kill loses at most the row that was
-being written, and what is committed stays true.
+it, each take of an action by a worker, each process end (SIGKILL or clean stop), each erasure,
+each injected fault. Every row there is written in its own short autocommit transaction, never
+inside an action's, so a kill loses at most the row that was being written, and what is committed
+stays true; but a take is recorded by a trigger on the outbox's table, in the take's own
+transaction, so it is committed exactly when the take is.
 """
 
 from __future__ import annotations
@@ -53,7 +55,10 @@ CREATE TABLE IF NOT EXISTS {watch}.attempt (
     fence_asked_at timestamptz,     -- committed before begin_write() was called
     fence_passed boolean,           -- its answer (NULL: killed before it was recorded)
     stopped_at timestamptz,
-    result text);
+    result text,
+    -- its lease's end by the database clock: it ends by then at the latest (the executor
+    -- cancels it there), which bounds it when its stop could not be written (database down)
+    deadline timestamptz);
 CREATE INDEX IF NOT EXISTS ix_attempt_action ON {watch}.attempt (action_id, epoch);
 -- Every claimer or worker process that ended: SIGKILL by the harness, or a clean stop at the
 -- end. `before`/`after` bracket the signal by the database clock.
@@ -69,6 +74,30 @@ CREATE TABLE IF NOT EXISTS {watch}.erasure (
     erased integer NOT NULL,
     in_flight integer NOT NULL,
     committed_at timestamptz NOT NULL);
+-- Every take of an action by a worker (the statement that sets taken_epoch), written by a
+-- trigger in the take's own transaction: committed exactly when the take is.
+CREATE TABLE IF NOT EXISTS {watch}.take (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    action_id bigint NOT NULL,
+    epoch bigint NOT NULL,
+    attempt integer NOT NULL,
+    taken_at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE OR REPLACE FUNCTION {watch}.record_take() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO {watch}.take (action_id, epoch, attempt) VALUES (NEW.id, NEW.epoch, NEW.attempt);
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER chaos_record_take AFTER UPDATE OF taken_epoch ON {outbox}.agent_action
+    FOR EACH ROW WHEN (NEW.taken_epoch IS NOT NULL
+                       AND NEW.taken_epoch IS DISTINCT FROM OLD.taken_epoch)
+    EXECUTE FUNCTION {watch}.record_take();
+-- Every fault the harness injected besides the SIGKILLs (a server restart, a worker-pool
+-- outage), bracketed by the database clock: `before` the fault began, `after` it ended.
+CREATE TABLE IF NOT EXISTS {watch}.fault (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name text NOT NULL,
+    before timestamptz NOT NULL,
+    after timestamptz NOT NULL);
 -- Every action the harness enqueued (and committed), with what the workload meant it to do.
 CREATE TABLE IF NOT EXISTS {watch}.enqueued (
     action_id bigint PRIMARY KEY,
@@ -100,7 +129,11 @@ class Schemas:
 
 
 def create(conn: psycopg.Connection[Any], schemas: Schemas) -> None:
-    conn.execute(DDL.format(world=f'"{schemas.world}"', watch=f'"{schemas.watch}"'))
+    conn.execute(
+        DDL.format(
+            world=f'"{schemas.world}"', watch=f'"{schemas.watch}"', outbox=f'"{schemas.outbox}"'
+        )
+    )
 
 
 def drop(conn: psycopg.Connection[Any], schemas: Schemas) -> None:

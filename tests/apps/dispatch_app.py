@@ -9,8 +9,10 @@ test (``DISPATCH_APP_SUFFIX``) so their Dramatiq queues are the test's own:
 - ``AMO_<suffix>``, at-most-once: cannot read back.
 
 Payload knobs: ``sleep`` (seconds before the fence), ``hang_after_write_attempt`` (on that
-attempt, hang after the write until killed). Environment knobs: ``DISPATCH_APP_OWN_BROKER=1``
-builds the application's own broker with an actor of its own (an existing Dramatiq shop);
+attempt, hang after the write until killed), ``fail_read_back_attempt`` (on that attempt, the
+read-back search raises: an error before the fence). Environment knobs:
+``DISPATCH_APP_OWN_BROKER=1`` builds the application's own broker with an actor of its own (an
+existing Dramatiq shop);
 ``DISPATCH_APP_STALL_PUSH=1`` adds a middleware that records, then stalls, every push (to kill
 a claimer between its claim's commit and its push); ``DISPATCH_APP_STOP_IN_CLAIM=PATH`` makes,
 once the test created PATH.arm, the first claimer process to create PATH stop itself (SIGSTOP)
@@ -120,6 +122,8 @@ class RecordingAdapter:
     async def _execute(self, attempt: ActionAttempt, payload: dict[str, Any]) -> Result:
         p = self.provider
         if self.read_back and attempt.write_started:
+            if payload.get("fail_read_back_attempt") == attempt.attempt:
+                raise ConnectionError("the provider's search failed")
             found = await p.execute(
                 "SELECT id FROM {s}.dispatch_effect WHERE marker = %s", (attempt.idempotency_key,)
             )
