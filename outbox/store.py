@@ -1,4 +1,5 @@
-"""The executor's side of the database: claim, housekeeping, fence and fenced finishes.
+"""The executor's side of the database: claim, fence and fenced finishes (maintenance, which
+ends lost leases and expired actions, is ``outbox.maintenance``).
 
 Every statement comes from ``sql/queries.sql``. Each operation is a generator (``outbox._io``)
 so it runs on a sync or an async connection; ``Store`` runs them on a pool, one short
@@ -37,14 +38,6 @@ class ClaimedAction:
 
     action: Action
     lease_left: timedelta
-
-
-@dataclass(frozen=True, slots=True)
-class EndedByHousekeeping:
-    id: int
-    kind: str
-    state: ActionState
-    reason: str
 
 
 def _claimed(rows: list[dict[str, Any]]) -> list[ClaimedAction]:
@@ -96,19 +89,6 @@ def claim_operation(
             rows = yield Statement(q["claim_heads"], {**params, "limit": left})
             claimed.extend(_claimed(rows))
     return claimed
-
-
-def housekeeping_operation(schema: str, limit: int = 1000) -> Operation[list[EndedByHousekeeping]]:
-    """Ends lost leases that may not run again, and waiting actions past their expiry."""
-    q = queries_for(schema)
-    ended: list[EndedByHousekeeping] = []
-    for name in ("end_lost_leases", "expire_waiting"):
-        rows = yield Statement(q[name], {"limit": limit})
-        ended.extend(
-            EndedByHousekeeping(r["id"], r["kind"], ActionState(r["state"]), r["stop_reason"])
-            for r in rows
-        )
-    return ended
 
 
 def release_claims_operation(
@@ -215,9 +195,6 @@ class Store:
         once, without (a claimer that pushes) it leaves the take to a worker."""
         return await self.run(claim_operation(self.schema, limits, lease, take=take))
 
-    async def housekeep(self, limit: int = 1000) -> list[EndedByHousekeeping]:
-        return await self.run(housekeeping_operation(self.schema, limit))
-
     async def take_attempt(self, action_id: int, epoch: int) -> ClaimedAction | None:
         """The executing action a message names, if its epoch still holds, at most once per
         epoch: a second delivery of the same
@@ -260,12 +237,6 @@ class Store:
     ) -> bool:
         params = {"id": action_id, "epoch": epoch, "after": after, "reason": reason}
         return await self.run(_single("finish_defer", self.schema, params))
-
-    async def make_due(self) -> None:
-        def op() -> Operation[None]:
-            yield Statement(queries_for(self.schema)["make_due"])
-
-        await self.run(op())
 
     async def in_flight(self, kinds: Iterable[str]) -> dict[str, int]:
         """Claimed-and-unfinished actions per kind, with a lease that still runs."""
