@@ -175,16 +175,10 @@ class Claimer:
             await enter_claim_round(conn, self.store.schema, self.settings)
             return await run_async(conn, op)
 
-    def push(self, claimed: list[ClaimedAction]) -> int:
-        """Pushes the claimed actions (after the claim committed), up to ``actions_per_message``
-        a message; returns how many actions went.
-
-        Blocking: ``run_once`` runs it off the event loop (``push_off_loop``).
-        """
-        return len(claimed) - len(self.push_or_unpushed(claimed))
-
     def push_or_unpushed(self, claimed: list[ClaimedAction]) -> list[ClaimedAction]:
-        """Pushes the claimed actions; returns those whose push failed (blocking)."""
+        """Pushes the claimed actions (after the claim committed), up to ``actions_per_message``
+        a message; returns those whose push failed. Blocking: ``run_once`` runs it off the event
+        loop (``push_off_loop``)."""
         items = [(c.action.id, c.action.epoch, c.action.kind) for c in claimed]
         try:
             self.dispatch.push_many(items)
