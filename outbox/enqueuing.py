@@ -197,7 +197,7 @@ def enqueue(conn: Any, request: ActionRequest, *, schema: str | None = None) -> 
     Raises ``InvalidActionRequest`` (naming the field) and writes nothing on bad input.
     """
     op = enqueue_operation(schema or default_schema(), request)
-    return run_sync(psycopg_connection(conn), op)
+    return run_sync(psycopg_connection(conn, "enqueue", "enqueue_async"), op)
 
 
 async def enqueue_async(
@@ -220,7 +220,7 @@ def enqueue_many(
     would raise for the first bad request, and writes nothing for the whole batch.
     """
     op = enqueue_many_operation(schema or default_schema(), requests)
-    return run_sync(psycopg_connection(conn), op)
+    return run_sync(psycopg_connection(conn, "enqueue_many", "enqueue_many_async"), op)
 
 
 async def enqueue_many_async(
@@ -233,7 +233,8 @@ async def enqueue_many_async(
 def admit(conn: Any, action_id: int, *, schema: str | None = None) -> Action:
     """A PROPOSED action becomes ADMITTED (due now)."""
     return run_sync(
-        psycopg_connection(conn), admit_operation(schema or default_schema(), action_id)
+        psycopg_connection(conn, "admit", "admit_async"),
+        admit_operation(schema or default_schema(), action_id),
     )
 
 
@@ -248,7 +249,7 @@ def refuse(
 ) -> Action:
     """A PROPOSED action ends CANCELLED with ``reason`` (``REFUSED`` by default)."""
     op = refuse_operation(schema or default_schema(), action_id, reason)
-    return run_sync(psycopg_connection(conn), op)
+    return run_sync(psycopg_connection(conn, "refuse", "refuse_async"), op)
 
 
 async def refuse_async(
@@ -263,4 +264,6 @@ async def refuse_async(
 
 def get_action(conn: Any, action_id: int, *, schema: str | None = None) -> Action | None:
     """One action by id, or None when it does not exist (erased, pruned, never was)."""
-    return run_sync(psycopg_connection(conn), get_operation(schema or default_schema(), action_id))
+    return run_sync(
+        psycopg_connection(conn, "get_action"), get_operation(schema or default_schema(), action_id)
+    )

@@ -10,11 +10,11 @@ adapter runs.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping
+from collections.abc import AsyncIterator, Collection, Hashable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
@@ -24,6 +24,8 @@ from outbox.action import Action
 from outbox.batching import GroupWriter, by_id_and_epoch
 from outbox.queries import queries_for
 from outbox.state import ActionState
+
+T = TypeVar("T")
 
 #: How many connections of an outbox pool the current task holds. The executor refuses to call
 #: an adapter while it is not zero (no provider call inside a database transaction).
@@ -115,7 +117,7 @@ def _key(params: Mapping[str, Any]) -> tuple[int, int]:
     return (params["id"], params["epoch"])
 
 
-def _columns(rows: list[dict[str, Any]], **arrays: str) -> dict[str, list[Any]]:
+def _columns(rows: Sequence[dict[str, Any]], **arrays: str) -> dict[str, list[Any]]:
     """``[{"id": 1, ...}, {"id": 2, ...}]`` -> ``{"ids": [1, 2], ...}`` for an ``unnest``."""
     return {array: [row[column] for row in rows] for array, column in arrays.items()}
 
@@ -148,7 +150,7 @@ class Store:
         rows = await self._rows("take_attempt", p)
         return _claimed(rows)[0] if rows else None
 
-    async def _take_many(self, ps: list[dict[str, Any]]) -> dict[Any, ClaimedAction]:
+    async def _take_many(self, ps: Sequence[dict[str, Any]]) -> dict[Hashable, ClaimedAction]:
         params = {**_columns(ps, ids="id", epochs="epoch"), "lease": self.lease}
         rows = await self._rows("take_attempts", params)
         return {k: _claimed([row])[0] for k, row in by_id_and_epoch(rows).items()}
@@ -156,14 +158,14 @@ class Store:
     async def _fence_one(self, p: dict[str, Any]) -> bool:
         return bool(await self._rows("begin_write", p))
 
-    async def _fence_many(self, ps: list[dict[str, Any]]) -> dict[Any, bool]:
+    async def _fence_many(self, ps: Sequence[dict[str, Any]]) -> dict[Hashable, bool]:
         params = _columns(ps, ids="id", epochs="epoch", margins="margin")
         return dict.fromkeys(by_id_and_epoch(await self._rows("begin_writes", params)), True)
 
     async def _end_one(self, p: dict[str, Any]) -> bool:
         return bool(await self._rows("finish_end", p))
 
-    async def _end_many(self, ps: list[dict[str, Any]]) -> dict[Any, bool]:
+    async def _end_many(self, ps: Sequence[dict[str, Any]]) -> dict[Hashable, bool]:
         params = _columns(
             ps,
             ids="id",
@@ -184,7 +186,7 @@ class Store:
         finally:
             held_connections.reset(token)
 
-    async def run(self, op: Operation[Any]) -> Any:
+    async def run(self, op: Operation[T]) -> T:
         async with self.connection() as conn:
             return await run_async(conn, op)
 

@@ -321,7 +321,7 @@ class Claimer:
                 self.settings.require_database_url(), autocommit=True, **CONNECTION_OPTIONS
             )
             channel = sql.Identifier(f"outbox_{self.store.schema}")
-            query = sql.SQL(queries_for(self.store.schema)["listen_enqueues"])  # type: ignore[arg-type]
+            query = sql.SQL(queries_for(self.store.schema)["listen_enqueues"])
             await conn.execute(query.format(channel=channel))
         except psycopg.Error:
             return None
