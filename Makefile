@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test demo lint schema
+.PHONY: install test demo lint typecheck schema
 
 $(BIN)/outbox: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,6 +16,7 @@ install: $(BIN)/outbox
 
 test: install
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 demo: install
@@ -23,6 +24,10 @@ demo: install
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# mypy on the whole package ([tool.mypy] in pyproject.toml: strict for the core modules).
+typecheck: install
+	$(BIN)/mypy
 
 # schema.sql from a freshly migrated throwaway schema (rerun after adding a migration).
 schema: install

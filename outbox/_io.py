@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from psycopg import AsyncConnection, Connection, pq
 from psycopg.rows import dict_row
@@ -43,7 +43,7 @@ def run_sync(conn: Connection[Any], op: Operation[T]) -> T:
                 rows = cur.fetchall() if _returned_rows(cur) else []
                 statement = op.send(rows)
         except StopIteration as done:
-            return done.value
+            return cast(T, done.value)
 
 
 async def run_async(conn: AsyncConnection[Any], op: Operation[T]) -> T:
@@ -55,17 +55,34 @@ async def run_async(conn: AsyncConnection[Any], op: Operation[T]) -> T:
                 rows = await cur.fetchall() if _returned_rows(cur) else []
                 statement = op.send(rows)
         except StopIteration as done:
-            return done.value
+            return cast(T, done.value)
 
 
-def psycopg_connection(conn: Any) -> Connection[Any]:
+def _is_async(conn: Any) -> bool:
+    """A psycopg ``AsyncConnection``, or anything of SQLAlchemy's asyncio extension (its
+    ``AsyncSession``, ``AsyncConnection``, ``async_scoped_session``), told apart by module so
+    that SQLAlchemy need not be imported."""
+    return isinstance(conn, AsyncConnection) or type(conn).__module__.startswith(
+        "sqlalchemy.ext.asyncio"
+    )
+
+
+def psycopg_connection(conn: Any, caller: str, async_twin: str | None = None) -> Connection[Any]:
     """The psycopg connection under ``conn``: itself, or a SQLAlchemy Session's or Connection's.
 
     SQLAlchemy's connection is taken on the session's own transaction (``Session.connection()``
     begins it if needed), so the enqueue commits or rolls back with the application's work.
+    ``caller`` is the sync function given ``conn``; an async connection raises ``TypeError``
+    naming ``async_twin``, the function to call with it instead.
     """
-    if isinstance(conn, Connection | AsyncConnection):
+    if isinstance(conn, Connection):
         return conn
+    if _is_async(conn):
+        instead = f"call {async_twin} with it, or give {caller}" if async_twin else "give it"
+        raise TypeError(
+            f"{caller} runs on a sync connection but got an async {type(conn).__name__}: "
+            f"{instead} a psycopg Connection or a SQLAlchemy Session/Connection"
+        )
     session_connection = getattr(conn, "connection", None)
     if callable(session_connection):  # a SQLAlchemy Session: .connection() -> Connection
         conn = session_connection()

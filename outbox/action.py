@@ -48,5 +48,6 @@ class Action:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-#: Computed once: ``fields()`` per row showed up in the worker's profile (one row an attempt).
+#: Computed once, not per row: ``fields()`` walks the dataclass on every call, and every attempt
+#: reads a row.
 _FIELD_NAMES = tuple(f.name for f in fields(Action))

@@ -34,8 +34,6 @@ class Fence:
             attempt.fence_passed = True
             if attempt.on_fence_passed is not None:
                 attempt.on_fence_passed()
-        else:
-            attempt.fence_refused = True
         return ok
 
 
@@ -49,7 +47,6 @@ class ActionAttempt:
         #: time.monotonic() at which this attempt's lease ends (measured conservatively).
         self.deadline = deadline
         self.fence_passed = False
-        self.fence_refused = False
         #: Called once the fence passed (the executor moves its timeout to the lease's end).
         self.on_fence_passed: Callable[[], None] | None = None
         self._fence = Fence(self)

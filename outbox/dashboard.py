@@ -247,7 +247,7 @@ def _queues_app(broker: Any) -> Callable[..., Iterable[bytes]] | None:
         return None
     try:
         from dramatiq.brokers.redis import RedisBroker
-        from dramatiq_dashboard import DashboardApp as QueuesApp  # type: ignore[import-untyped]
+        from dramatiq_dashboard import DashboardApp as QueuesApp
     except ImportError:
         return None
     if not isinstance(broker, RedisBroker):

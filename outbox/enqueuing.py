@@ -226,7 +226,7 @@ def enqueue(
     ``max_payload_bytes``: the payload's JSON limit (default ``OUTBOX_MAX_PAYLOAD_BYTES``, 64 KiB).
     """
     op = enqueue_operation(schema or default_schema(), request, max_payload_bytes)
-    return run_sync(psycopg_connection(conn), op)
+    return run_sync(psycopg_connection(conn, "enqueue", "enqueue_async"), op)
 
 
 async def enqueue_async(
@@ -259,7 +259,7 @@ def enqueue_many(
     for the whole batch.
     """
     op = enqueue_many_operation(schema or default_schema(), requests, max_payload_bytes)
-    return run_sync(psycopg_connection(conn), op)
+    return run_sync(psycopg_connection(conn, "enqueue_many", "enqueue_many_async"), op)
 
 
 async def enqueue_many_async(
@@ -277,7 +277,8 @@ async def enqueue_many_async(
 def admit(conn: Any, action_id: int, *, schema: str | None = None) -> Action:
     """A PROPOSED action becomes ADMITTED (due now)."""
     return run_sync(
-        psycopg_connection(conn), admit_operation(schema or default_schema(), action_id)
+        psycopg_connection(conn, "admit", "admit_async"),
+        admit_operation(schema or default_schema(), action_id),
     )
 
 
@@ -292,7 +293,7 @@ def refuse(
 ) -> Action:
     """A PROPOSED action ends CANCELLED with ``reason`` (``REFUSED`` by default)."""
     op = refuse_operation(schema or default_schema(), action_id, reason)
-    return run_sync(psycopg_connection(conn), op)
+    return run_sync(psycopg_connection(conn, "refuse", "refuse_async"), op)
 
 
 async def refuse_async(
@@ -307,4 +308,6 @@ async def refuse_async(
 
 def get_action(conn: Any, action_id: int, *, schema: str | None = None) -> Action | None:
     """One action by id, or None when it does not exist (erased, pruned, never was)."""
-    return run_sync(psycopg_connection(conn), get_operation(schema or default_schema(), action_id))
+    return run_sync(
+        psycopg_connection(conn, "get_action"), get_operation(schema or default_schema(), action_id)
+    )

@@ -58,7 +58,7 @@ def erase_subject(conn: Any, account_id: str | int, *, schema: str | None = None
     transaction (commits nothing). ``conn`` is a psycopg ``Connection`` or a SQLAlchemy
     ``Session``/``Connection`` on psycopg, as for ``enqueue``."""
     op = erase_subject_operation(schema or default_schema(), account_id)
-    return run_sync(psycopg_connection(conn), op)
+    return run_sync(psycopg_connection(conn, "erase_subject", "erase_subject_async"), op)
 
 
 async def erase_subject_async(

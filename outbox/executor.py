@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from outbox import metrics
 from outbox.adapter import ActionAdapter
@@ -33,7 +34,10 @@ from outbox.results import (
     result_name,
 )
 from outbox.state import ActionState, StopReason
-from outbox.store import ClaimedAction, EndedByHousekeeping, Store, held_connections
+from outbox.store import ClaimedAction, Store, held_connections
+
+if TYPE_CHECKING:
+    from outbox.maintenance.ended import EndedByHousekeeping
 
 log = logging.getLogger("outbox.executor")
 

@@ -2,7 +2,7 @@
 
 The two counters' names and labels are part of the contract. The gauges describe the backlog;
 they come from the database (``outbox.backlog``) and are refreshed by the claimer on its
-housekeeping timer (``refresh_backlog_gauges``), so every process reports the same numbers and
+housekeeping timer (``outbox.maintenance.gauges``), so every process reports the same numbers and
 a multiprocess scrape shows the most recent ones.
 
 Multiprocess mode (as Dramatiq's Prometheus middleware uses it): set ``PROMETHEUS_MULTIPROC_DIR``
@@ -26,10 +26,9 @@ from dramatiq.middleware import Middleware
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client import multiprocess as _multiprocess
 
-from outbox.backlog import Backlog, backlog_operation
+from outbox.backlog import Backlog
 from outbox.config import Settings
 from outbox.state import StopReason
-from outbox.store import Store
 
 log = logging.getLogger("outbox.metrics")
 
@@ -174,14 +173,6 @@ def set_backlog_gauges(backlog: Backlog) -> None:
 
 def set_claiming_stalled(kind: str, stalled: bool) -> None:
     CLAIMING_STALLED.labels(kind=kind).set(1 if stalled else 0)
-
-
-async def refresh_backlog_gauges(store: Store) -> Backlog:
-    """Reads the backlog (three short statements) and sets the gauges; the claimer calls this on
-    its housekeeping timer."""
-    backlog = await store.run(backlog_operation(store.schema))
-    set_backlog_gauges(backlog)
-    return backlog
 
 
 def multiprocess_dir() -> str | None:

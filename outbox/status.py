@@ -109,13 +109,15 @@ def inspect_operation(schema: str, action_id: int) -> Operation[dict[str, Any] |
 
 def status(conn: Any, *, schema: str | None = None, latest: int = LATEST) -> StatusReport:
     """The status report, read on ``conn``."""
-    return run_sync(psycopg_connection(conn), status_operation(schema or default_schema(), latest))
+    return run_sync(
+        psycopg_connection(conn, "status"), status_operation(schema or default_schema(), latest)
+    )
 
 
 def inspect(conn: Any, action_id: int, *, schema: str | None = None) -> dict[str, Any] | None:
     """One action as ``outbox inspect`` shows it, or None."""
     op = inspect_operation(schema or default_schema(), action_id)
-    return run_sync(psycopg_connection(conn), op)
+    return run_sync(psycopg_connection(conn, "inspect"), op)
 
 
 def json_default(value: Any) -> Any:

@@ -1,4 +1,5 @@
-"""The executor's side of the database: claim, housekeeping, fence and fenced finishes.
+"""The executor's side of the database: claim, fence and fenced finishes (maintenance, which
+ends lost leases and expired actions, is ``outbox.maintenance``).
 
 Every statement comes from ``sql/queries.sql``. Each operation is a generator (``outbox._io``)
 so it runs on a sync or an async connection; ``Store`` runs them on a pool, one short
@@ -9,11 +10,11 @@ adapter runs.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping
+from collections.abc import AsyncIterator, Collection, Hashable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
@@ -23,6 +24,8 @@ from outbox.action import Action
 from outbox.batching import GroupWriter, by_id_and_epoch
 from outbox.queries import queries_for
 from outbox.state import ActionState
+
+T = TypeVar("T")
 
 #: How many connections of an outbox pool the current task holds. The executor refuses to call
 #: an adapter while it is not zero (no provider call inside a database transaction).
@@ -37,14 +40,6 @@ class ClaimedAction:
 
     action: Action
     lease_left: timedelta
-
-
-@dataclass(frozen=True, slots=True)
-class EndedByHousekeeping:
-    id: int
-    kind: str
-    state: ActionState
-    reason: str
 
 
 def _claimed(rows: list[dict[str, Any]]) -> list[ClaimedAction]:
@@ -98,19 +93,6 @@ def claim_operation(
     return claimed
 
 
-def housekeeping_operation(schema: str, limit: int = 1000) -> Operation[list[EndedByHousekeeping]]:
-    """Ends lost leases that may not run again, and waiting actions past their expiry."""
-    q = queries_for(schema)
-    ended: list[EndedByHousekeeping] = []
-    for name in ("end_lost_leases", "expire_waiting"):
-        rows = yield Statement(q[name], {"limit": limit})
-        ended.extend(
-            EndedByHousekeeping(r["id"], r["kind"], ActionState(r["state"]), r["stop_reason"])
-            for r in rows
-        )
-    return ended
-
-
 def release_claims_operation(
     schema: str, pairs: Iterable[tuple[int, int]]
 ) -> Operation[list[tuple[int, int]]]:
@@ -135,7 +117,7 @@ def _key(params: Mapping[str, Any]) -> tuple[int, int]:
     return (params["id"], params["epoch"])
 
 
-def _columns(rows: list[dict[str, Any]], **arrays: str) -> dict[str, list[Any]]:
+def _columns(rows: Sequence[dict[str, Any]], **arrays: str) -> dict[str, list[Any]]:
     """``[{"id": 1, ...}, {"id": 2, ...}]`` -> ``{"ids": [1, 2], ...}`` for an ``unnest``."""
     return {array: [row[column] for row in rows] for array, column in arrays.items()}
 
@@ -168,7 +150,7 @@ class Store:
         rows = await self._rows("take_attempt", p)
         return _claimed(rows)[0] if rows else None
 
-    async def _take_many(self, ps: list[dict[str, Any]]) -> dict[Any, ClaimedAction]:
+    async def _take_many(self, ps: Sequence[dict[str, Any]]) -> dict[Hashable, ClaimedAction]:
         params = {**_columns(ps, ids="id", epochs="epoch"), "lease": self.lease}
         rows = await self._rows("take_attempts", params)
         return {k: _claimed([row])[0] for k, row in by_id_and_epoch(rows).items()}
@@ -176,14 +158,14 @@ class Store:
     async def _fence_one(self, p: dict[str, Any]) -> bool:
         return bool(await self._rows("begin_write", p))
 
-    async def _fence_many(self, ps: list[dict[str, Any]]) -> dict[Any, bool]:
+    async def _fence_many(self, ps: Sequence[dict[str, Any]]) -> dict[Hashable, bool]:
         params = _columns(ps, ids="id", epochs="epoch", margins="margin")
         return dict.fromkeys(by_id_and_epoch(await self._rows("begin_writes", params)), True)
 
     async def _end_one(self, p: dict[str, Any]) -> bool:
         return bool(await self._rows("finish_end", p))
 
-    async def _end_many(self, ps: list[dict[str, Any]]) -> dict[Any, bool]:
+    async def _end_many(self, ps: Sequence[dict[str, Any]]) -> dict[Hashable, bool]:
         params = _columns(
             ps,
             ids="id",
@@ -204,7 +186,7 @@ class Store:
         finally:
             held_connections.reset(token)
 
-    async def run(self, op: Operation[Any]) -> Any:
+    async def run(self, op: Operation[T]) -> T:
         async with self.connection() as conn:
             return await run_async(conn, op)
 
@@ -214,9 +196,6 @@ class Store:
         """Claims; with ``take`` (an executor in this process runs what it claims) it takes at
         once, without (a claimer that pushes) it leaves the take to a worker."""
         return await self.run(claim_operation(self.schema, limits, lease, take=take))
-
-    async def housekeep(self, limit: int = 1000) -> list[EndedByHousekeeping]:
-        return await self.run(housekeeping_operation(self.schema, limit))
 
     async def take_attempt(self, action_id: int, epoch: int) -> ClaimedAction | None:
         """The executing action a message names, if its epoch still holds, at most once per
@@ -260,12 +239,6 @@ class Store:
     ) -> bool:
         params = {"id": action_id, "epoch": epoch, "after": after, "reason": reason}
         return await self.run(_single("finish_defer", self.schema, params))
-
-    async def make_due(self) -> None:
-        def op() -> Operation[None]:
-            yield Statement(queries_for(self.schema)["make_due"])
-
-        await self.run(op())
 
     async def in_flight(self, kinds: Iterable[str]) -> dict[str, int]:
         """Claimed-and-unfinished actions per kind, with a lease that still runs."""

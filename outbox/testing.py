@@ -7,10 +7,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from outbox._io import Operation, Statement
 from outbox.errors import DrainDidNotSettle
-from outbox.executor import Outcome, report_housekeeping
+from outbox.executor import Outcome
+from outbox.maintenance import Maintenance
 from outbox.outbox import Outbox
+from outbox.queries import queries_for
 from outbox.results import result_name
+from outbox.store import Store
 
 
 @dataclass
@@ -42,9 +46,10 @@ async def drain_async(
     started = time.monotonic()
     async with outbox.store() as store:
         executor = outbox.executor(store)
+        maintenance = Maintenance.for_drain(store)
         while True:
-            report_housekeeping(await store.housekeep())
-            await store.make_due()
+            await maintenance.run_due()
+            await make_due(store)
             outcomes = await outbox.claim_and_run(executor)
             if not outcomes:
                 return report
@@ -55,6 +60,16 @@ async def drain_async(
                     f"still running after {report.rounds} rounds and "
                     f"{time.monotonic() - started:.1f}s: {dict(report.count())}"
                 )
+
+
+def make_due_operation(schema: str) -> Operation[None]:
+    """Every admitted action that waits (a retry's backoff, a deferral) becomes due now."""
+    yield Statement(queries_for(schema)["make_due"])
+
+
+async def make_due(store: Store) -> None:
+    """``make_due_operation`` on ``store``'s pool: a test need not wait out a backoff."""
+    await store.run(make_due_operation(store.schema))
 
 
 def drain(outbox: Outbox, *, max_rounds: int = 1000, timeout: float = 60.0) -> DrainReport:

@@ -19,6 +19,7 @@ from outbox.email import (
     enqueue_email,
 )
 from outbox.executor import Outcome
+from outbox.testing import make_due
 
 SENDER = "Outbox Tests <noreply@mail.example.com>"
 RECIPIENT = "ada.lovelace@people.example.org"
@@ -95,7 +96,7 @@ def run_one_round(outbox: Outbox) -> list[Outcome]:
 
     async def round_() -> list[Outcome]:
         async with outbox.store() as store:
-            await store.make_due()
+            await make_due(store)
             return await outbox.claim_and_run(outbox.executor(store))
 
     return asyncio.run(round_())

@@ -18,6 +18,9 @@ from outbox import (
     admit,
     enqueue,
     enqueue_async,
+    enqueue_many,
+    erase_subject,
+    get_action,
     refuse,
 )
 from tests.support import rows
@@ -121,6 +124,50 @@ def test_enqueue_from_a_sqlalchemy_session_rides_its_transaction(outbox, databas
     with psycopg.connect(database_url) as conn:
         keys = [r["idempotency_key"] for r in rows(conn, schema)]
     assert keys == ["sa-commit", "sa-connection"]
+
+
+SYNC_CALLS = {
+    "enqueue": (lambda c, s: enqueue(c, request(), schema=s), "call enqueue_async with it"),
+    "enqueue_many": (
+        lambda c, s: enqueue_many(c, [request()], schema=s),
+        "call enqueue_many_async with it",
+    ),
+    "admit": (lambda c, s: admit(c, 1, schema=s), "call admit_async with it"),
+    "refuse": (lambda c, s: refuse(c, 1, schema=s), "call refuse_async with it"),
+    "erase_subject": (lambda c, s: erase_subject(c, "a", schema=s), "call erase_subject_async"),
+    "get_action": (lambda c, s: get_action(c, 1, schema=s), "give it a psycopg Connection"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SYNC_CALLS))
+@pytest.mark.parametrize("handle", ["psycopg", "sqlalchemy-session", "sqlalchemy-connection"])
+async def test_a_sync_call_given_an_async_connection_names_what_to_call_and_writes_nothing(
+    outbox, database_url, schema, name, handle
+):
+    call, advice = SYNC_CALLS[name]
+    if handle == "psycopg":
+        async with await psycopg.AsyncConnection.connect(database_url) as conn:
+            with pytest.raises(TypeError, match=f"^{name} runs on a sync connection") as raised:
+                call(conn, schema)
+    else:
+        pytest.importorskip("sqlalchemy")
+        from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+        engine = create_async_engine(database_url.replace("postgresql://", "postgresql+psycopg://"))
+        try:
+            if handle == "sqlalchemy-session":
+                async with AsyncSession(engine) as session:
+                    with pytest.raises(TypeError, match=f"^{name} runs on a sync") as raised:
+                        call(session, schema)
+            else:
+                async with engine.connect() as sa_conn:
+                    with pytest.raises(TypeError, match=f"^{name} runs on a sync") as raised:
+                        call(sa_conn, schema)
+        finally:
+            await engine.dispose()
+    assert advice in str(raised.value)
+    with psycopg.connect(database_url) as conn:
+        assert rows(conn, schema) == []
 
 
 def test_enqueue_notifies_claimers_on_commit(outbox, database_url, schema):

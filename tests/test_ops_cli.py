@@ -46,7 +46,10 @@ def clean_env(monkeypatch):
     # through os.environ: run in-process here, they must not leak into later tests.
     saved = dict(os.environ)
     for name in ("OUTBOX_DATABASE_URL", "DATABASE_URL", "OUTBOX_SCHEMA", "OUTBOX_BROKER_URL"):
-        monkeypatch.delenv(name, raising=False)
+        # Set first, so that teardown also removes what a command wrote to os.environ itself
+        # (`outbox claimer` and `worker` pass their options to the processes they start there).
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.delenv("OUTBOX_DEBUG", raising=False)
     monkeypatch.setenv("DISPATCH_APP_SUFFIX", "CLI")
     yield monkeypatch

@@ -28,7 +28,8 @@ from outbox import (
     Uncertain,
     enqueue,
 )
-from outbox.metrics import refresh_backlog_gauges, start_metrics_server
+from outbox.maintenance.gauges import refresh_backlog_gauges
+from outbox.metrics import start_metrics_server
 from outbox.testing import drain
 from tests.support import ScriptedAdapter
 

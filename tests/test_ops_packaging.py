@@ -40,6 +40,11 @@ def test_the_wheel_holds_the_outbox_package_and_every_migration_inside_it(wheel)
     assert packaged == sorted(p.name for p in (REPO / "migrations").glob("*.sql"))
 
 
+def test_the_wheel_marks_the_package_as_typed(wheel):
+    # PEP 561: without outbox/py.typed a type checker ignores the package's annotations.
+    assert "outbox/py.typed" in zipfile.ZipFile(wheel).namelist()
+
+
 def test_installed_migrate_uses_the_packages_migrations_despite_a_decoy_first_on_sys_path(
     wheel, tmp_path, database_url, schema
 ):

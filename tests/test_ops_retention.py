@@ -10,11 +10,9 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from prometheus_client import REGISTRY
 
 from outbox import ActionKind, ActionRequest, ActionState, ConfigurationError, Settings, enqueue
 from outbox.cli import main
-from outbox.housekeeping import operations_housekeeping
 from outbox.retention import prune, prune_async, prune_batch_operation
 from outbox.testing import drain
 from tests.support import ScriptedAdapter, rows
@@ -178,20 +176,3 @@ def test_ended_state_is_required_for_pruning(outbox, database_url, schema):
         assert prune(conn, timedelta(0), schema=schema) == 0
         (row,) = rows(conn, schema)
         assert row["state"] == ActionState.ADMITTED
-
-
-def test_claimer_housekeeping_prunes_past_the_retention_and_refreshes_the_gauges(
-    outbox, database_url, schema
-):
-    ids = ended_fixture(outbox, database_url, [31 * DAY, 29 * DAY])
-    with psycopg.connect(database_url) as conn:
-        put(conn, schema, "due-now")
-
-    async def tick() -> int:
-        async with outbox.store() as store:
-            return await operations_housekeeping(store, outbox.settings)
-
-    assert asyncio.run(tick()) == 1
-    with psycopg.connect(database_url) as conn:
-        assert [r["id"] for r in rows(conn, schema)][:1] == [ids[1]]
-    assert REGISTRY.get_sample_value("outbox_actions_due", {"kind": "NOTE"}) == 1

@@ -58,7 +58,7 @@ def _database(url: str | None) -> Iterator[tuple[str, str]]:
         return
     try:
         warnings.filterwarnings("ignore", module="platformdirs")
-        import pgserver  # type: ignore[import-not-found]
+        from pgserver.postgres_server import get_server
     except ImportError:
         raise ConfigurationError(
             "no OUTBOX_DATABASE_URL and no embedded PostgreSQL: pip install 'outbox[embedded]' "
@@ -67,7 +67,7 @@ def _database(url: str | None) -> Iterator[tuple[str, str]]:
     # pgserver's platformdirs warns when XDG_RUNTIME_DIR is unset (root on a server): harmless.
     warnings.filterwarnings("ignore", module="platformdirs")
     datadir = tempfile.mkdtemp(prefix="outbox-demo-pg-")
-    server = pgserver.get_server(datadir, cleanup_mode="stop")
+    server = get_server(datadir, cleanup_mode="stop")
     try:
         yield server.get_uri(), f"embedded PostgreSQL (pgserver) in {datadir}"
     finally:

@@ -35,7 +35,7 @@ class FaultySink:
     # aiosmtpd handler hooks ------------------------------------------------------------------
 
     async def handle_RCPT(
-        self, server: Any, session: Session, envelope: Envelope, address: str, options: Any
+        self, server: Any, _session: Session, envelope: Envelope, address: str, options: Any
     ) -> str:
         domain = address.rpartition("@")[2].lower()
         if domain == "gone.example":
@@ -49,7 +49,7 @@ class FaultySink:
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
-    async def handle_DATA(self, server: Any, session: Session, envelope: Envelope) -> str:
+    async def handle_DATA(self, server: Any, _session: Session, envelope: Envelope) -> str:
         message = message_from_bytes(envelope.original_content or b"", policy=policy.default)
         with self._lock:
             self.accepted[str(message["Message-ID"])] += 1

@@ -143,7 +143,7 @@ def _pipelined_redis(broker: Broker) -> tuple[Broker, Any] | None:
     try:
         script = broker.scripts["dispatch"]
         pipe = broker.client.pipeline(transaction=False)
-        view = copy.copy(broker)
+        view: Any = copy.copy(broker)  # internals the stubs do not declare
         view.scripts = {
             **broker.scripts,
             "dispatch": lambda keys, args: script(keys=keys, args=args, client=pipe),
@@ -242,11 +242,10 @@ def install(
     for name in sorted(kinds if kinds is not None else outbox.adapters):
         kind = outbox.kinds[name]
         dispatch.actors[name] = dramatiq.actor(
-            _actor_fn(runtime, name),
             actor_name=f"{ACTOR_PREFIX}{name.lower()}",
             queue_name=kind.queue_name,
             broker=broker,
             **options,
-        )
+        )(_actor_fn(runtime, name))
     _installed[outbox] = dispatch
     return dispatch

@@ -34,8 +34,7 @@ from outbox.dispatch.actors import Dispatch
 from outbox.dispatch.claim_guard import ClaimLockBusy, enter_claim_round
 from outbox.dispatch.consumption import ConsumptionWatch
 from outbox.dispatch.pushing import BrokerGate, OffLoop
-from outbox.executor import report_housekeeping
-from outbox.housekeeping import operations_housekeeping
+from outbox.maintenance import Maintenance
 from outbox.queries import queries_for
 from outbox.store import (
     INTAKE_BATCH,
@@ -147,7 +146,8 @@ class Claimer:
         if unknown:
             raise ValueError(f"no actor installed for kinds {sorted(unknown)}")
         self._listener: psycopg.AsyncConnection[Any] | None = None
-        self._next_housekeeping = 0.0
+        #: Lost leases, expiry, retention and the backlog gauges, each on its own interval.
+        self.maintenance = Maintenance.for_claimer(store, self.settings)
         self.watch = ConsumptionWatch()
         self.off_loop = OffLoop(self.settings.push_timeout.total_seconds())
         self.gate = BrokerGate(dispatch.broker, self.off_loop)
@@ -175,16 +175,10 @@ class Claimer:
             await enter_claim_round(conn, self.store.schema, self.settings)
             return await run_async(conn, op)
 
-    def push(self, claimed: list[ClaimedAction]) -> int:
-        """Pushes the claimed actions (after the claim committed), up to ``actions_per_message``
-        a message; returns how many actions went.
-
-        Blocking: ``run_once`` runs it off the event loop (``push_off_loop``).
-        """
-        return len(claimed) - len(self.push_or_unpushed(claimed))
-
     def push_or_unpushed(self, claimed: list[ClaimedAction]) -> list[ClaimedAction]:
-        """Pushes the claimed actions; returns those whose push failed (blocking)."""
+        """Pushes the claimed actions (after the claim committed), up to ``actions_per_message``
+        a message; returns those whose push failed. Blocking: ``run_once`` runs it off the event
+        loop (``push_off_loop``)."""
         items = [(c.action.id, c.action.epoch, c.action.kind) for c in claimed]
         try:
             self.dispatch.push_many(items)
@@ -245,14 +239,9 @@ class Claimer:
         )
 
     async def housekeep_if_due(self) -> None:
-        now = time.monotonic()
-        if now < self._next_housekeeping:
-            return
-        self._next_housekeeping = now + self.settings.housekeeping_interval.total_seconds()
-        self.totals["housekeeping"] += 1
-        report_housekeeping(await self.store.housekeep())
-        # Retention and the backlog gauges (outbox.housekeeping): bounded, never fatal.
-        await operations_housekeeping(self.store, self.settings)
+        """The maintenance services whose turn came (bounded; a failing one waits its next)."""
+        if await self.maintenance.run_due():
+            self.totals["housekeeping"] += 1
 
     async def run_once(self) -> Round:
         """Housekeeping when due, one bounded claim, then the pushes."""
@@ -332,7 +321,7 @@ class Claimer:
                 self.settings.require_database_url(), autocommit=True, **CONNECTION_OPTIONS
             )
             channel = sql.Identifier(f"outbox_{self.store.schema}")
-            query = sql.SQL(queries_for(self.store.schema)["listen_enqueues"])  # type: ignore[arg-type]
+            query = sql.SQL(queries_for(self.store.schema)["listen_enqueues"])
             await conn.execute(query.format(channel=channel))
         except psycopg.Error:
             return None

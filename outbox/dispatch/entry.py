@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 import dramatiq
-from dramatiq import Broker
 
 from outbox.dispatch.actors import Dispatch, install
 from outbox.errors import ConfigurationError
@@ -28,7 +27,3 @@ def dispatch_from_env() -> Dispatch:
     dispatch = install(load_app(spec))
     dramatiq.set_broker(dispatch.broker)
     return dispatch
-
-
-def broker_from_env() -> Broker:
-    return dispatch_from_env().broker

@@ -18,7 +18,6 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 
 #: What ``dramatiq`` logs in each worker process once it consumes.
 WORKER_READY = "Worker process is ready for action."
@@ -92,12 +91,7 @@ class OutboxProcess:
     def __enter__(self) -> OutboxProcess:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_exc_info: object) -> None:
         self.close()
 
 

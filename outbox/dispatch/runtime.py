@@ -61,8 +61,6 @@ class WorkerRuntime:
         self._executor: ActionExecutor | None = None
         self._opening: concurrent.futures.Future[None] | None = None
         self._stopping: asyncio.Event | None = None
-        #: Messages this process dropped because their epoch was stale or already taken.
-        self.abandoned = 0
 
     def start(self) -> None:
         """Starts the loop thread and opens the pool, once per process."""
@@ -168,7 +166,6 @@ class WorkerRuntime:
         started = time.monotonic()
         claimed = await executor.store.take_attempt(action_id, epoch)
         if claimed is None:
-            self.abandoned += 1
             metrics.record_attempt(kind, "abandoned", False)
             log.info(
                 "abandoned message for action %s epoch %s (kind %s): the epoch moved, "

@@ -1,0 +1,29 @@
+"""Backlog gauges: read from the database (three short statements) and set, so every process
+that serves metrics shows the numbers the database holds, however many claimers run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from outbox.backlog import Backlog, backlog_operation
+from outbox.maintenance.service import MaintenanceService
+from outbox.metrics import set_backlog_gauges
+
+if TYPE_CHECKING:
+    from outbox.store import Store
+
+
+async def refresh_backlog_gauges(store: Store) -> Backlog:
+    """Reads the backlog and sets the gauges; returns what it read."""
+    backlog = await store.run(backlog_operation(store.schema))
+    set_backlog_gauges(backlog)
+    return backlog
+
+
+class BacklogGauges(MaintenanceService):
+    name = "backlog_gauges"
+    failure = "backlog gauges not refreshed; trying again at the next housekeeping"
+
+    async def run(self, store: Store) -> int:
+        backlog = await refresh_backlog_gauges(store)
+        return len(backlog.kinds)

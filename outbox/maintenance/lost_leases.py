@@ -1,0 +1,45 @@
+"""Lost leases: an executing action whose lease ran out and that may not run again ends.
+
+That is an at-most-once action whose write started (UNCERTAIN ``LEASE_LOST_AFTER_WRITE``: the
+effect may exist) and any action whose last attempt a worker took (FAILED
+``ATTEMPTS_EXHAUSTED``). Any other expired lease is left to the next claim, which reclaims it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from outbox._io import Operation, Statement
+from outbox.executor import report_housekeeping
+from outbox.maintenance.ended import EndedByHousekeeping, ended_from_rows
+from outbox.maintenance.service import MaintenanceService
+from outbox.queries import queries_for
+
+if TYPE_CHECKING:
+    from outbox.store import Store
+
+#: Most actions one turn ends (``SKIP LOCKED``, oldest lease first); the rest wait a turn.
+LOST_LEASES_LIMIT = 1000
+
+
+def end_lost_leases_operation(
+    schema: str, limit: int = LOST_LEASES_LIMIT
+) -> Operation[list[EndedByHousekeeping]]:
+    """Ends up to ``limit`` lost leases that may not run again; returns what it ended."""
+    rows = yield Statement(queries_for(schema)["end_lost_leases"], {"limit": limit})
+    return ended_from_rows(rows)
+
+
+class LostLeases(MaintenanceService):
+    name = "lost_leases"
+    failure = "ending lost leases failed; trying again at the next housekeeping"
+
+    def __init__(self, interval: timedelta, limit: int = LOST_LEASES_LIMIT) -> None:
+        super().__init__(interval)
+        self.limit = limit
+
+    async def run(self, store: Store) -> int:
+        ended = await store.run(end_lost_leases_operation(store.schema, self.limit))
+        report_housekeeping(ended)
+        return len(ended)

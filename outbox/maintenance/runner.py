@@ -1,0 +1,78 @@
+"""``Maintenance``: the one place that runs the maintenance services, each on its own interval.
+
+Turns run one service after another, in the order given (ends before the prune, the prune
+before the gauges, so the gauges count what is left). A service whose turn raises is logged and
+waits for its next turn: maintenance never stops the claimer that calls it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from outbox.maintenance.expiry import Expiry
+from outbox.maintenance.gauges import BacklogGauges
+from outbox.maintenance.lost_leases import LostLeases
+from outbox.maintenance.retention import Retention
+from outbox.maintenance.service import MaintenanceService
+
+if TYPE_CHECKING:
+    from outbox.config import Settings
+    from outbox.store import Store
+
+# The logger operators already filter on for housekeeping failures.
+log = logging.getLogger("outbox.housekeeping")
+
+
+class Maintenance:
+    """Runs each of ``services`` on ``store`` when its interval has passed since its last turn
+    (the first turn at the first call)."""
+
+    def __init__(self, store: Store, services: Sequence[MaintenanceService]) -> None:
+        self.store = store
+        self.services = tuple(services)
+        self._next_turn = [0.0] * len(self.services)
+        #: Turns run per service name, and turns that failed: for logs and tests.
+        self.turns: dict[str, int] = dict.fromkeys((s.name for s in self.services), 0)
+        self.failures: dict[str, int] = dict.fromkeys((s.name for s in self.services), 0)
+
+    @classmethod
+    def for_claimer(cls, store: Store, settings: Settings) -> Maintenance:
+        """Every service, each every ``settings.housekeeping_interval``."""
+        every = settings.housekeeping_interval
+        return cls(
+            store,
+            [
+                LostLeases(every),
+                Expiry(every),
+                Retention(every, settings.retention),
+                BacklogGauges(every),
+            ],
+        )
+
+    @classmethod
+    def for_drain(cls, store: Store) -> Maintenance:
+        """What ``outbox.testing.drain`` needs before each of its rounds: lost leases and expiry,
+        at every call (tests prune and read gauges themselves)."""
+        return cls(store, [LostLeases(timedelta(0)), Expiry(timedelta(0))])
+
+    async def run_due(self) -> int:
+        """Runs every service whose turn has come; returns how many ran (failed ones included)."""
+        ran = 0
+        for index, service in enumerate(self.services):
+            now = time.monotonic()
+            if now < self._next_turn[index]:
+                continue
+            # Scheduled before the turn, so a failing turn waits a whole interval too.
+            self._next_turn[index] = now + service.interval.total_seconds()
+            ran += 1
+            self.turns[service.name] += 1
+            try:
+                await service.run(self.store)
+            except Exception:
+                self.failures[service.name] += 1
+                log.exception(service.failure)
+        return ran
