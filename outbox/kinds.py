@@ -48,4 +48,9 @@ EMAIL = ActionKind("EMAIL", at_most_once=True, instance_level=True)
 #: such a receiver). Subscriptions belong to the installation, not to a workspace.
 WEBHOOK = ActionKind("WEBHOOK", at_most_once=False, instance_level=True)
 
-BUILTIN_KINDS: tuple[ActionKind, ...] = (EMAIL, WEBHOOK)
+#: The built-in issue comment kind (GitHub's REST API): every comment carries a hidden marker
+#: derived from its idempotency key, so an attempt after an ambiguous failure lists the issue's
+#: comments and finds the earlier one instead of posting again.
+ISSUE_COMMENT = ActionKind("ISSUE_COMMENT")
+
+BUILTIN_KINDS: tuple[ActionKind, ...] = (EMAIL, WEBHOOK, ISSUE_COMMENT)

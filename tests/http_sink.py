@@ -7,7 +7,10 @@ method=..., path=...)`` arms one fault for the next request that matches:
 - ``"500-after"``: the app runs, then the reply is a 500;
 - ``"reset"``: the app runs, then the connection is reset halfway through the reply;
 - ``"status:<code>"`` or ``"status:<code>:<retry-after>"``: the app does not run; the reply is
-  that status (with ``Retry-After`` when given).
+  that status (with ``Retry-After`` when given);
+- ``"ratelimited:<seconds>"``: the app does not run; a 403 with ``x-ratelimit-remaining: 0``
+  and ``x-ratelimit-reset`` that many seconds from now (GitHub's primary rate limit);
+- ``"json:<text>"``: the app does not run; a 200 whose body is that JSON text.
 
 Every request is recorded in ``requests`` (after its fault was chosen).
 """
@@ -137,6 +140,14 @@ class _Handler(BaseHTTPRequestHandler):
             _, code, *retry_after = fault.split(":")
             headers = {"retry-after": retry_after[0]} if retry_after else {}
             self._reply(Reply(int(code), {"error": "injected"}, headers))
+            return
+        if fault is not None and fault.startswith("ratelimited:"):
+            reset = int(time.time()) + int(fault.split(":", 1)[1])
+            headers = {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(reset)}
+            self._reply(Reply(403, {"message": "API rate limit exceeded"}, headers))
+            return
+        if fault is not None and fault.startswith("json:"):
+            self._reply(Reply(200, json.loads(fault.split(":", 1)[1])))
             return
         reply = owner.app(request)
         if fault is None:

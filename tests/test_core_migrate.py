@@ -70,7 +70,12 @@ def test_migrate_declares_the_applications_kinds_and_the_builtin_ones(make_outbo
     kinds = conn.execute(
         f'SELECT name, at_most_once, instance_level FROM "{schema}".agent_action_kind ORDER BY 1'
     ).fetchall()
-    assert kinds == [("COMMENT", False, False), ("EMAIL", True, True), ("WEBHOOK", False, True)]
+    assert kinds == [
+        ("COMMENT", False, False),
+        ("EMAIL", True, True),
+        ("ISSUE_COMMENT", False, False),
+        ("WEBHOOK", False, True),
+    ]
 
 
 def test_a_flag_change_is_refused_while_the_kind_has_live_actions(
