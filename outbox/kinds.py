@@ -53,4 +53,8 @@ WEBHOOK = ActionKind("WEBHOOK", at_most_once=False, instance_level=True)
 #: comments and finds the earlier one instead of posting again.
 ISSUE_COMMENT = ActionKind("ISSUE_COMMENT")
 
-BUILTIN_KINDS: tuple[ActionKind, ...] = (EMAIL, WEBHOOK, ISSUE_COMMENT)
+#: The built-in chat reply kind (Slack's Web API): every message carries the marker in its
+#: metadata, so an attempt after an ambiguous failure reads the thread or channel back first.
+CHAT_REPLY = ActionKind("CHAT_REPLY")
+
+BUILTIN_KINDS: tuple[ActionKind, ...] = (EMAIL, WEBHOOK, ISSUE_COMMENT, CHAT_REPLY)

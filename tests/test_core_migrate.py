@@ -71,6 +71,7 @@ def test_migrate_declares_the_applications_kinds_and_the_builtin_ones(make_outbo
         f'SELECT name, at_most_once, instance_level FROM "{schema}".agent_action_kind ORDER BY 1'
     ).fetchall()
     assert kinds == [
+        ("CHAT_REPLY", False, False),
         ("COMMENT", False, False),
         ("EMAIL", True, True),
         ("ISSUE_COMMENT", False, False),

@@ -14,9 +14,13 @@ import pytest
 import redis
 
 from outbox import Outbox
+from outbox.chat_reply import enqueue_chat_reply
+from outbox.chat_reply import marker_of as chat_marker
 from outbox.dispatch.processes import OutboxProcess, start_claimer, start_worker
 from outbox.issue_comment import enqueue_issue_comment, marker_of
 from tests.github_server import TOKEN, GitHubServer
+from tests.slack_server import TOKEN as SLACK_TOKEN
+from tests.slack_server import SlackServer
 
 pytestmark = pytest.mark.slow
 
@@ -31,8 +35,9 @@ def processes(redis_url: str) -> Iterator[list[OutboxProcess]]:
     for proc in started:
         proc.close()
     client = redis.Redis.from_url(redis_url)
-    for key in client.scan_iter(match="*outbox.issue_comment*"):
-        client.delete(key)
+    for pattern in ("*outbox.issue_comment*", "*outbox.chat_reply*"):
+        for key in client.scan_iter(match=pattern):
+            client.delete(key)
 
 
 def base_env(database_url: str, schema: str, redis_url: str) -> dict[str, str]:
@@ -113,3 +118,49 @@ def test_issue_comments_through_dramatiq_leave_one_comment_each_despite_lost_ans
             ]
     finally:
         github.stop()
+
+
+def test_chat_replies_through_dramatiq_leave_one_message_each_despite_lost_answers(
+    database_url: str, schema: str, redis_url: str, processes: list[OutboxProcess]
+) -> None:
+    slack = SlackServer().start()
+    try:
+        channels = ["C1", "C2", "C3"]
+        parents = {c: slack.post(c, "thread start")["ts"] for c in channels}
+        slack.inject("500-after", method="POST", times=3)
+        slack.inject("reset", method="POST", times=2)
+        slack.inject("timeout:6", method="POST", times=1)
+        Outbox(database_url, schema=schema).migrate()
+        env = {
+            **base_env(database_url, schema, redis_url),
+            "OUTBOX_SLACK_TOKEN": SLACK_TOKEN,
+            "OUTBOX_SLACK_API_URL": slack.url,
+            "OUTBOX_SLACK_TIMEOUT_SECONDS": "5",
+        }
+        processes.append(start_worker(APP, env, processes=1, threads=4, cwd=REPO))
+        processes.append(start_claimer(APP, env, cwd=REPO))
+        per_channel = 8
+        with psycopg.connect(database_url) as conn:
+            for channel in channels:
+                for n in range(per_channel):
+                    enqueue_chat_reply(
+                        conn,
+                        channel,
+                        f"step {n}",
+                        thread_ts=parents[channel] if n % 2 else None,
+                        idempotency_key=f"{channel}:{n}",
+                        workspace_id="acme",
+                        schema=schema,
+                    )
+            conn.commit()
+        states = wait_until_ended(database_url, schema, len(channels) * per_channel, processes)
+        assert states == {"DONE": len(channels) * per_channel}
+        for channel in channels:
+            posted = [m for m in slack.in_channel(channel) if m.get("metadata")]
+            # Exactly one message per action, in the lane's order.
+            assert [m["text"] for m in posted] == [f"step {n}" for n in range(per_channel)]
+            assert [m["metadata"]["event_payload"]["marker"] for m in posted] == [
+                chat_marker(f"{channel}:{n}") for n in range(per_channel)
+            ]
+    finally:
+        slack.stop()
