@@ -99,3 +99,17 @@ def test_a_mistake_is_one_clear_line(common, capsys, argv, status, says) -> None
     err = capsys.readouterr().err
     assert says in err
     assert "Traceback" not in err
+
+
+def test_a_bad_webhook_setting_names_its_variable() -> None:
+    from outbox.errors import ConfigurationError
+    from outbox.webhook import WebhookSettings
+
+    with pytest.raises(ConfigurationError, match="OUTBOX_WEBHOOK_ALLOW_PRIVATE: 'intranet'"):
+        WebhookSettings.from_env({"OUTBOX_WEBHOOK_ALLOW_PRIVATE": "intranet"})
+    with pytest.raises(ConfigurationError, match="OUTBOX_WEBHOOK_TIMEOUT_SECONDS"):
+        WebhookSettings.from_env({"OUTBOX_WEBHOOK_TIMEOUT_SECONDS": "soon"})
+    with pytest.raises(ConfigurationError, match="OUTBOX_WEBHOOK_DISABLE_AFTER_FAILURES"):
+        WebhookSettings.from_env({"OUTBOX_WEBHOOK_DISABLE_AFTER_FAILURES": "0"})
+    allowed = WebhookSettings.from_env({"OUTBOX_WEBHOOK_ALLOW_PRIVATE": "10.0.0.0/8, ::1/128"})
+    assert len(allowed.address_policy.allowed) == 2
