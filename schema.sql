@@ -327,6 +327,36 @@ CREATE TABLE outbox.outbox_migration (
     applied_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+-- table webhook_subscription
+
+CREATE TABLE outbox.webhook_subscription (
+    id bigint NOT NULL,
+    endpoint_url text NOT NULL,
+    secrets text[] NOT NULL,
+    event_types text[] NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    consecutive_failures integer DEFAULT 0 NOT NULL,
+    disabled_at timestamp with time zone,
+    disabled_reason text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT webhook_subscription_check CHECK ((enabled = (disabled_at IS NULL))),
+    CONSTRAINT webhook_subscription_consecutive_failures_check CHECK ((consecutive_failures >= 0)),
+    CONSTRAINT webhook_subscription_endpoint_url_check CHECK ((endpoint_url ~* '^https?://'::text)),
+    CONSTRAINT webhook_subscription_event_types_check CHECK ((cardinality(event_types) >= 1)),
+    CONSTRAINT webhook_subscription_secrets_check CHECK ((cardinality(secrets) >= 1))
+);
+
+-- sequence webhook_subscription_id_seq
+
+ALTER TABLE outbox.webhook_subscription ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME outbox.webhook_subscription_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 -- constraint agent_action_kind agent_action_kind_pkey
 
 ALTER TABLE ONLY outbox.agent_action_kind
@@ -357,6 +387,11 @@ ALTER TABLE ONLY outbox.outbox_migration
 ALTER TABLE ONLY outbox.agent_action
     ADD CONSTRAINT ux_agent_action_idempotency_key UNIQUE (idempotency_key);
 
+-- constraint webhook_subscription webhook_subscription_pkey
+
+ALTER TABLE ONLY outbox.webhook_subscription
+    ADD CONSTRAINT webhook_subscription_pkey PRIMARY KEY (id);
+
 -- index ix_agent_action_due
 
 CREATE INDEX ix_agent_action_due ON outbox.agent_action USING btree (kind, available_at) WHERE (state = 'ADMITTED'::text);
@@ -384,6 +419,10 @@ CREATE INDEX ix_agent_action_lease ON outbox.agent_action USING btree (lease_unt
 -- index ix_agent_action_subject
 
 CREATE INDEX ix_agent_action_subject ON outbox.agent_action USING btree (subject_account_id) WHERE (subject_account_id IS NOT NULL);
+
+-- index ix_webhook_subscription_enabled
+
+CREATE INDEX ix_webhook_subscription_enabled ON outbox.webhook_subscription USING btree (id) WHERE enabled;
 
 -- index ux_agent_action_lane_executing
 

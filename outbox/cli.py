@@ -28,7 +28,16 @@ from outbox.logs import configure_logging
 from outbox.outbox import Outbox
 from outbox.retention import DEFAULT_BATCH_SIZE as DEFAULT_PRUNE_BATCH
 from outbox.retention import prune
-from outbox.status import inspect, json_default, render_inspect, render_status, status
+from outbox.status import (
+    disabled_webhook_endpoints,
+    inspect,
+    json_default,
+    render_disabled_webhook_endpoints,
+    render_inspect,
+    render_status,
+    status,
+)
+from outbox.webhook.commands import setup_webhooks
 
 
 def _outbox(args: argparse.Namespace) -> Outbox:
@@ -141,10 +150,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     app, conn = _connect(args)
     with conn:
         report = status(conn, schema=app.schema, latest=args.latest)
+        disabled = disabled_webhook_endpoints(conn, schema=app.schema)
     if args.json:
-        _print_json(report.as_dict())
+        _print_json({**report.as_dict(), "disabled_webhook_endpoints": disabled})
     else:
         print(render_status(report))
+        print(render_disabled_webhook_endpoints(disabled))
     return 0
 
 
@@ -194,6 +205,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     setup_worker,
     setup_demo,
     setup_dashboard,
+    setup_webhooks,
 ]
 
 

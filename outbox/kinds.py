@@ -42,4 +42,19 @@ class ActionKind:
 #: The built-in email kind: an SMTP relay cannot be asked whether it already took a message.
 EMAIL = ActionKind("EMAIL", at_most_once=True, instance_level=True)
 
-BUILTIN_KINDS: tuple[ActionKind, ...] = (EMAIL,)
+#: The built-in webhook kind: a delivery carries a ``webhook-id`` that stays the same on every
+#: attempt, and a receiver that dedupes by it takes a resend as the same event. So a resend
+#: after an ambiguous failure is safe: read-back (at-least-once delivery, exactly-once effect at
+#: such a receiver). Subscriptions belong to the installation, not to a workspace.
+WEBHOOK = ActionKind("WEBHOOK", at_most_once=False, instance_level=True)
+
+#: The built-in issue comment kind (GitHub's REST API): every comment carries a hidden marker
+#: derived from its idempotency key, so an attempt after an ambiguous failure lists the issue's
+#: comments and finds the earlier one instead of posting again.
+ISSUE_COMMENT = ActionKind("ISSUE_COMMENT")
+
+#: The built-in chat reply kind (Slack's Web API): every message carries the marker in its
+#: metadata, so an attempt after an ambiguous failure reads the thread or channel back first.
+CHAT_REPLY = ActionKind("CHAT_REPLY")
+
+BUILTIN_KINDS: tuple[ActionKind, ...] = (EMAIL, WEBHOOK, ISSUE_COMMENT, CHAT_REPLY)

@@ -120,6 +120,32 @@ def inspect(conn: Any, action_id: int, *, schema: str | None = None) -> dict[str
     return run_sync(psycopg_connection(conn, "inspect"), op)
 
 
+def disabled_webhook_endpoints(conn: Any, *, schema: str | None = None) -> list[dict[str, Any]]:
+    """The disabled webhook subscriptions, each with how many deliveries wait on it."""
+    q = queries_for(schema or default_schema())
+
+    def op() -> Operation[list[dict[str, Any]]]:
+        rows = yield Statement(q["webhook_subscriptions_disabled"])
+        return [dict(r) for r in rows]
+
+    return run_sync(psycopg_connection(conn, "disabled_webhook_endpoints"), op())
+
+
+def render_disabled_webhook_endpoints(items: list[dict[str, Any]]) -> str:
+    """The status section of disabled webhook endpoints (`outbox webhooks enable ID`)."""
+    if not items:
+        return "disabled webhook endpoints: none"
+    lines = ["disabled webhook endpoints (their deliveries wait; `outbox webhooks enable ID`):"]
+    for item in items:
+        since = item["disabled_at"].isoformat(timespec="seconds") if item["disabled_at"] else "-"
+        lines.append(
+            f"  #{item['id']} {item['endpoint_url']} {item['disabled_reason'] or '-'} "
+            f"(since {since}, {item['consecutive_failures']} failures in a row, "
+            f"{item['waiting']} deliveries waiting)"
+        )
+    return "\n".join(lines)
+
+
 def json_default(value: Any) -> Any:
     """For ``json.dumps``: times as ISO 8601, durations as seconds."""
     if isinstance(value, datetime):

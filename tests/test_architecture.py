@@ -3,7 +3,9 @@
 1. Only ``outbox/executor.py`` calls an adapter's ``execute`` (read from the AST of every module
    under ``outbox/`` and ``workers/``).
 2. Only ``outbox/email/`` imports aiosmtplib (the one code that speaks SMTP).
-3. No adapter runs while a database transaction is open: the executor refuses at run time when
+3. Only the HTTP kinds' packages (``outbox/webhook/``, ``outbox/issue_comment/``,
+   ``outbox/chat_reply/``) import httpx: each kind has the one adapter that speaks its protocol.
+4. No adapter runs while a database transaction is open: the executor refuses at run time when
    its task holds an outbox connection, and a real drain shows every pool connection idle while
    each adapter runs.
 """
@@ -40,6 +42,8 @@ PACKAGES = ("outbox", "workers")
 EXECUTOR = "outbox/executor.py"
 #: The one package allowed to import aiosmtplib.
 EMAIL_PACKAGE = "outbox/email/"
+#: The packages allowed to import httpx: the adapters that speak HTTP.
+HTTP_PACKAGES = ("outbox/webhook/", "outbox/issue_comment/", "outbox/chat_reply/")
 #: ``.execute(`` on these receivers is a database cursor or connection (or a Redis pipeline),
 #: not an adapter: ``cur.execute(sql)``, ``self.conn.execute(...)``, ``pipe.execute()``.
 DATABASE_RECEIVER = re.compile(
@@ -136,6 +140,18 @@ def smtp_imports(root: Path) -> list[Violation]:
     return found
 
 
+def http_imports(root: Path) -> list[Violation]:
+    """Imports of httpx (static or by name) outside the HTTP kinds' packages."""
+    found = []
+    for path, tree in modules(root):
+        if path.startswith(HTTP_PACKAGES):
+            continue
+        for line, name in _imported_modules(tree):
+            if name == "httpx" or name.startswith("httpx."):
+                found.append(Violation(path, line, f"imports {name}"))
+    return found
+
+
 def write_tree(root: Path, files: dict[str, str]) -> Path:
     for name, source in files.items():
         path = root / name
@@ -208,7 +224,35 @@ def test_an_aiosmtplib_import_outside_the_email_package_is_caught(tmp_path):
     ]
 
 
-# -- rule 3: no adapter runs while a database transaction is open ----------------------------------
+# -- rule 3: only the HTTP kinds' packages import httpx -------------------------------------------
+
+
+def test_only_the_http_kinds_packages_import_httpx():
+    assert [str(v) for v in http_imports(ROOT)] == []
+    assert any(
+        name == "httpx"
+        for path, tree in modules(ROOT)
+        if path.startswith("outbox/webhook/")
+        for _, name in _imported_modules(tree)
+    )
+
+
+def test_an_httpx_import_outside_the_http_kinds_is_caught(tmp_path):
+    root = write_tree(
+        tmp_path,
+        {
+            "outbox/chat_reply/adapter.py": "import httpx\n",
+            "outbox/status.py": "from httpx import AsyncClient\n",
+            "workers/hook.py": "import httpx._client\n",
+        },
+    )
+    assert [str(v) for v in http_imports(root)] == [
+        "outbox/status.py:1: imports httpx",
+        "workers/hook.py:1: imports httpx._client",
+    ]
+
+
+# -- rule 4: no adapter runs while a database transaction is open ----------------------------------
 
 GUARDED = ActionKind("GUARDED")
 

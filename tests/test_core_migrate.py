@@ -36,6 +36,7 @@ def test_migrate_twice_is_a_no_op(make_outbox, database_url, schema):
         "agent_action_lane",
         "agent_action_lane_intake",
         "outbox_migration",
+        "webhook_subscription",
     ]
 
 
@@ -62,14 +63,20 @@ def test_two_migrations_at_once_leave_one_consistent_schema(make_outbox, databas
     assert versions == (len(available_migrations()),)
 
 
-def test_migrate_declares_the_applications_kinds_and_the_builtin_email(make_outbox, conn, schema):
+def test_migrate_declares_the_applications_kinds_and_the_builtin_ones(make_outbox, conn, schema):
     ob = make_outbox()
     ob.declare(ActionKind("COMMENT", instance_level=False))
     ob.migrate()
     kinds = conn.execute(
         f'SELECT name, at_most_once, instance_level FROM "{schema}".agent_action_kind ORDER BY 1'
     ).fetchall()
-    assert kinds == [("COMMENT", False, False), ("EMAIL", True, True)]
+    assert kinds == [
+        ("CHAT_REPLY", False, False),
+        ("COMMENT", False, False),
+        ("EMAIL", True, True),
+        ("ISSUE_COMMENT", False, False),
+        ("WEBHOOK", False, True),
+    ]
 
 
 def test_a_flag_change_is_refused_while_the_kind_has_live_actions(

@@ -26,9 +26,16 @@ def test_the_demo_ends_every_action_and_never_sends_twice(database_url, monkeypa
     assert result.duplicates_at_sink == 0
     states = {state for state, _ in result.outcomes}
     assert {"DONE", "FAILED", "CANCELLED", "UNCERTAIN"} <= states
-    # Every DONE and every UNCERTAIN (timed out after DATA) reached the sink exactly once.
-    reached = sum(n for (state, _), n in result.outcomes.items() if state in {"DONE", "UNCERTAIN"})
+    # Every DONE and every UNCERTAIN email (timed out after DATA) reached the sink exactly once.
+    reached = sum(
+        n for (state, _), n in result.email_outcomes.items() if state in {"DONE", "UNCERTAIN"}
+    )
     assert result.accepted_by_sink == reached
+    # Beside the emails, webhooks and comments whose answers were lost: each taken once.
+    assert result.webhooks_enqueued > 0 and result.comments_enqueued > 0
+    assert result.webhooks_accepted == result.webhooks_enqueued
+    assert result.webhook_bad_signatures == 0
+    assert (result.comments_posted, result.comment_duplicates) == (result.comments_enqueued, 0)
     table = render(result)
     assert "outbox demo: outcomes" in table and "Where to look next" in table
 

@@ -1,9 +1,10 @@
-"""``outbox demo``: migrate, enqueue a realistic mix of emails, run a claimer and a Dramatiq worker
-pool until every action ended, and print the outcomes.
+"""``outbox demo``: migrate, enqueue a realistic mix of emails, webhooks and issue comments, run a
+claimer and a Dramatiq worker pool until every action ended, and print the outcomes.
 
 Defaults are embedded: PostgreSQL from the ``pgserver`` package when no database URL is set,
 Dramatiq's in-process ``StubBroker`` when no broker URL is set, and an in-process SMTP sink with
-injected faults when no SMTP URL is set. With URLs set, the same run uses real servers.
+injected faults when no SMTP URL is set. With URLs set, the same run uses real servers. The
+webhook receiver and the issue tracker are always in-process, on loopback.
 """
 
 from __future__ import annotations
@@ -29,6 +30,21 @@ from psycopg import sql
 from outbox.demo.app import Digest, PasswordReset, People, Welcome, build_outbox
 from outbox.email import RecipientCannotReceive, SmtpSettings, enqueue_email
 from outbox.errors import ConfigurationError
+from outbox.issue_comment import (
+    ISSUE_COMMENT,
+    IssueCommentAdapter,
+    IssueCommentSettings,
+    enqueue_issue_comment,
+)
+from outbox.webhook import (
+    WEBHOOK,
+    AddressPolicy,
+    WebhookAdapter,
+    WebhookSettings,
+    add_subscription,
+    enqueue_webhook,
+    new_secret,
+)
 
 #: The demo's own schema, dropped and created anew on every run.
 DEMO_SCHEMA = "outbox_demo"
@@ -44,6 +60,14 @@ class DemoResult:
     duplicates_at_sink: int | None = None
     seconds: float = 0.0
     where: dict[str, str] = field(default_factory=dict)
+    #: Ended emails by (state, reason): what the SMTP sink's count is compared with.
+    email_outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    webhooks_enqueued: int = 0
+    webhooks_accepted: int = 0
+    webhook_bad_signatures: int = 0
+    comments_enqueued: int = 0
+    comments_posted: int = 0
+    comment_duplicates: int = 0
 
     @property
     def all_ended(self) -> bool:
@@ -164,19 +188,90 @@ def _progress(done: int, total: int, states: Counter[str], started: float) -> No
     sys.stderr.flush()
 
 
-def _counts(conn: psycopg.Connection[Any]) -> tuple[Counter[str], Counter[tuple[str, str]]]:
+def _counts(
+    conn: psycopg.Connection[Any],
+) -> tuple[Counter[str], Counter[tuple[str, str]], Counter[tuple[str, str]]]:
     rows = conn.execute(
         sql.SQL(
-            "SELECT state, coalesce(stop_reason, ''), count(*) FROM {}.agent_action GROUP BY 1, 2"
+            "SELECT kind, state, coalesce(stop_reason, ''), count(*) FROM {}.agent_action "
+            "GROUP BY 1, 2, 3"
         ).format(sql.Identifier(DEMO_SCHEMA))
     ).fetchall()
     states: Counter[str] = Counter()
     ended: Counter[tuple[str, str]] = Counter()
-    for state, reason, n in rows:
+    emails: Counter[tuple[str, str]] = Counter()
+    for kind, state, reason, n in rows:
         states[state] += n
         if reason:
             ended[(state, reason)] += n
-    return states, ended
+            if kind == "EMAIL":
+                emails[(state, reason)] += n
+    return states, ended, emails
+
+
+@contextmanager
+def _receivers() -> Iterator[tuple[Any, Any, str]]:
+    """The in-process webhook receiver and issue tracker, and the webhook secret."""
+    from outbox.demo.receivers import IssueTracker, WebhookReceiver
+
+    secret = new_secret()
+    receiver, tracker = WebhookReceiver(secret), IssueTracker()
+    receiver.url, tracker.url = receiver.start(), tracker.start()  # type: ignore[attr-defined]
+    try:
+        yield receiver, tracker, secret
+    finally:
+        receiver.stop()
+        tracker.stop()
+
+
+def _register_http_kinds(outbox: Any, db_url: str, tracker_url: str) -> None:
+    from outbox.demo.receivers import TOKEN
+
+    webhook_settings = WebhookSettings(
+        # The demo's receiver is on loopback, which the guard refuses unless allowed.
+        address_policy=AddressPolicy.parse("127.0.0.0/8"),
+        timeout=timedelta(seconds=2),
+    )
+    outbox.register(WEBHOOK, WebhookAdapter(db_url, schema=DEMO_SCHEMA, settings=webhook_settings))
+    comments = IssueCommentSettings(token=TOKEN, api_url=tracker_url, timeout=timedelta(seconds=2))
+    outbox.register(ISSUE_COMMENT, IssueCommentAdapter(comments))
+
+
+def _enqueue_http(
+    conn: psycopg.Connection[Any],
+    people_rows: list[Any],
+    webhook_url: str,
+    secret: str,
+    result: DemoResult,
+) -> None:
+    """A webhook for every fifth person who joined, and a comment on a support issue for every
+    seventh, each in the transaction that records it."""
+    add_subscription(conn, f"{webhook_url}/hooks", [secret], ["person.joined"], schema=DEMO_SCHEMA)
+    for person_id, *_ in people_rows:
+        if person_id % 5 == 0:
+            result.webhooks_enqueued += len(
+                enqueue_webhook(
+                    conn,
+                    "person.joined",
+                    {"person": person_id},
+                    idempotency_key=f"person:{person_id}:joined",
+                    schema=DEMO_SCHEMA,
+                )
+            )
+        if person_id % 7 == 0:
+            enqueue_issue_comment(
+                conn,
+                "demo",
+                "support",
+                1 + person_id % 3,
+                f"Person {person_id} confirmed the fix.",
+                idempotency_key=f"person:{person_id}:confirmed",
+                workspace_id="demo",
+                schema=DEMO_SCHEMA,
+            )
+            result.comments_enqueued += 1
+    result.enqueued += result.webhooks_enqueued + result.comments_enqueued
+    conn.commit()
 
 
 def run_demo(people: int = 200, timeout: float = 120.0, progress: bool = True) -> DemoResult:
@@ -193,11 +288,13 @@ def run_demo(people: int = 200, timeout: float = 120.0, progress: bool = True) -
             _database(env.get("OUTBOX_DATABASE_URL") or env.get("DATABASE_URL"))
         )
         smtp, sink = stack.enter_context(_smtp(env.get("OUTBOX_SMTP_URL")))
+        receiver, tracker, secret = stack.enter_context(_receivers())
         broker, broker_where = _broker(env.get("OUTBOX_BROKER_URL"))
         result.where = {
             "database": db_where,
             "broker": broker_where,
             "smtp": "in-process SMTP sink with injected faults" if sink else "OUTBOX_SMTP_URL",
+            "http": "in-process webhook receiver and issue tracker that lose some answers",
         }
         outbox, people_source = build_outbox(
             smtp,
@@ -213,7 +310,10 @@ def run_demo(people: int = 200, timeout: float = 120.0, progress: bool = True) -
             batch_size=32,
         )
         stack.callback(people_source.close)
+        _register_http_kinds(outbox, db_url, tracker.url)
         _prepare_database(db_url, outbox, people_source, people, result)
+        with psycopg.connect(db_url) as conn:
+            _enqueue_http(conn, _people(people, random.Random(42)), receiver.url, secret, result)
         started = time.monotonic()
         dispatch = install(outbox, broker)
         worker = dramatiq.Worker(broker, worker_threads=8, worker_timeout=100)
@@ -230,6 +330,11 @@ def run_demo(people: int = 200, timeout: float = 120.0, progress: bool = True) -
         if sink is not None:
             result.accepted_by_sink = sink.total()
             result.duplicates_at_sink = sink.duplicates()
+        result.webhooks_accepted = receiver.accepted()
+        result.webhook_bad_signatures = receiver.bad_signatures
+        markers = tracker.markers()
+        result.comments_posted = len(markers)
+        result.comment_duplicates = sum(n - 1 for n in markers.values())
     return result
 
 
@@ -281,15 +386,12 @@ async def _claim_until_settled(
         try:
             with psycopg.connect(db_url, autocommit=True) as conn:
                 while True:
-                    states, ended = _counts(conn)
+                    states, ended, emails = _counts(conn)
                     done = sum(ended.values())
                     if progress:
                         _progress(done, result.enqueued, states, started)
-                    if done >= result.enqueued:
-                        result.outcomes = ended
-                        break
-                    if time.monotonic() - started > timeout:
-                        result.outcomes = ended
+                    if done >= result.enqueued or time.monotonic() - started > timeout:
+                        result.outcomes, result.email_outcomes = ended, emails
                         break
                     await asyncio.sleep(0.25)
         finally:
@@ -315,11 +417,20 @@ def render(result: DemoResult) -> str:
             f"  SMTP sink accepted {result.accepted_by_sink} messages, "
             f"{result.duplicates_at_sink} of them twice (the outbox's promise: 0)."
         )
+    lines.append(
+        f"  Webhook receiver took {result.webhooks_accepted} of {result.webhooks_enqueued} events "
+        "(each webhook-id once, however often resent after a lost answer)."
+    )
+    lines.append(
+        f"  Issue tracker holds {result.comments_posted} of {result.comments_enqueued} comments, "
+        f"{result.comment_duplicates} of them twice (read back after a lost answer; promise: 0)."
+    )
     lines.append(f"  {result.seconds:.1f}s on {', '.join(result.where.values())}.")
     lines += [
         "",
         "What the outcomes mean:",
-        "  DONE      the relay accepted the message (readback_ref: Message-ID, queue id)",
+        "  DONE      the relay accepted the message (readback_ref: Message-ID, queue id), the",
+        "            receiver took the webhook, or the comment is on the issue",
         "  FAILED    the relay refused it for good (5xx), or every retry hit a 4xx",
         "  CANCELLED the person unsubscribed after the email was enqueued",
         "  UNCERTAIN the relay got the message but its reply timed out: never sent again",
@@ -346,7 +457,7 @@ def main(people: int = 200, timeout: float = 120.0) -> int:
     if not result.all_ended:
         print(f"\nNot every action ended within {timeout:.0f}s.", file=sys.stderr)
         return 1
-    if result.duplicates_at_sink:
+    if result.duplicates_at_sink or result.comment_duplicates:
         print("\nA message was accepted twice: that is a bug, please report it.", file=sys.stderr)
         return 1
     return 0

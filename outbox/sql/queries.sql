@@ -435,3 +435,75 @@ SELECT l.head_id, l.head_kind, l.head_due_at, l.executing_id,
        now() AS db_now
   FROM (SELECT 1) one
   LEFT JOIN {schema}.agent_action_lane l ON l.lane_key = %(lane_key)s
+
+-- name: webhook_subscription_insert
+-- Webhooks: add a subscription (enabled, no failures yet).
+INSERT INTO {schema}.webhook_subscription (endpoint_url, secrets, event_types)
+VALUES (%(endpoint_url)s, %(secrets)s, %(event_types)s)
+RETURNING *
+
+-- name: webhook_subscriptions_all
+-- Webhooks: every subscription, oldest first.
+SELECT * FROM {schema}.webhook_subscription ORDER BY id
+
+-- name: webhook_subscription_by_id
+-- Webhooks: one subscription, as the adapter reads it before every attempt.
+SELECT * FROM {schema}.webhook_subscription WHERE id = %(id)s
+
+-- name: webhook_subscriptions_matching
+-- Webhooks: the enabled subscriptions to an event type ('*' matches every type), in id order;
+-- read in the caller's transaction by enqueue_webhook.
+SELECT id FROM {schema}.webhook_subscription
+ WHERE enabled AND (%(event_type)s = ANY(event_types) OR '*' = ANY(event_types))
+ ORDER BY id
+
+-- name: webhook_subscription_disable
+-- Webhooks: an operator (or a 410 from the endpoint) disables a subscription; its actions wait.
+UPDATE {schema}.webhook_subscription
+   SET enabled = false, disabled_at = coalesce(disabled_at, now()), disabled_reason = %(reason)s
+ WHERE id = %(id)s
+RETURNING *
+
+-- name: webhook_subscription_enable
+-- Webhooks: an operator enables a subscription again, its failure count starting afresh.
+UPDATE {schema}.webhook_subscription
+   SET enabled = true, disabled_at = NULL, disabled_reason = NULL, consecutive_failures = 0
+ WHERE id = %(id)s
+RETURNING *
+
+-- name: webhook_subscription_set_secrets
+-- Webhooks: replace a subscription's signing secrets (newest first).
+UPDATE {schema}.webhook_subscription SET secrets = %(secrets)s WHERE id = %(id)s
+RETURNING *
+
+-- name: webhook_subscription_delete
+-- Webhooks: remove a subscription; its waiting actions end CANCELLED at their next attempt.
+DELETE FROM {schema}.webhook_subscription WHERE id = %(id)s RETURNING id
+
+-- name: webhook_delivery_accepted
+-- Webhooks: the endpoint accepted a delivery, so its run of failures is over.
+UPDATE {schema}.webhook_subscription SET consecutive_failures = 0
+ WHERE id = %(id)s AND consecutive_failures <> 0
+
+-- name: webhook_delivery_failed
+-- Webhooks: the endpoint did not accept a delivery; at the limit of consecutive failures the
+-- subscription is disabled (only while enabled, so an operator's reason is never overwritten).
+UPDATE {schema}.webhook_subscription
+   SET consecutive_failures = consecutive_failures + 1,
+       enabled = enabled AND consecutive_failures + 1 < %(limit)s,
+       disabled_at = CASE WHEN enabled AND consecutive_failures + 1 >= %(limit)s THEN now()
+                          ELSE disabled_at END,
+       disabled_reason = CASE WHEN enabled AND consecutive_failures + 1 >= %(limit)s
+                              THEN %(reason)s ELSE disabled_reason END
+ WHERE id = %(id)s
+RETURNING enabled, consecutive_failures
+
+-- name: webhook_subscriptions_disabled
+-- Status: the disabled webhook endpoints and how many actions wait on each one's lane.
+SELECT s.id, s.endpoint_url, s.consecutive_failures, s.disabled_at, s.disabled_reason,
+       (SELECT count(*) FROM {schema}.agent_action a
+         WHERE a.lane_key = 'webhook:' || s.id AND a.state IN ('ADMITTED', 'EXECUTING'))
+           AS waiting
+  FROM {schema}.webhook_subscription s
+ WHERE NOT s.enabled
+ ORDER BY s.id
