@@ -43,7 +43,7 @@ async def drain_async(
     async with outbox.store() as store:
         executor = outbox.executor(store)
         while True:
-            report_housekeeping(await store.housekeep())
+            report_housekeeping(await store.housekeep(), outbox.observers)
             await store.make_due()
             outcomes = await outbox.claim_and_run(executor)
             if not outcomes:
