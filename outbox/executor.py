@@ -53,8 +53,8 @@ class Outcome:
 class ActionExecutor:
     """Runs claimed attempts: the adapter under its lease, then the result's one finish.
 
-    ``observers`` hear of every attempt, end and adapter error (``outbox.observers``);
-    ``Outbox.executor`` installs the default ones (metrics and logs).
+    ``observers`` hear of every attempt, end and adapter error (``outbox.observers``):
+    ``Outbox.executor`` passes the outbox's; None means the default ones (metrics, then logs).
     """
 
     def __init__(
@@ -62,12 +62,12 @@ class ActionExecutor:
         store: Store,
         adapters: Mapping[str, ActionAdapter],
         settings: Settings,
-        observers: Iterable[ExecutorObserver] = (),
+        observers: Iterable[ExecutorObserver] | None = None,
     ) -> None:
         self.store = store
         self.adapters = adapters
         self.settings = settings
-        self.observers = Observers(observers)
+        self.observers = Observers(_default_observers() if observers is None else observers)
 
     async def run(self, claimed: ClaimedAction, claimed_at: float) -> Outcome:
         """Runs one attempt. ``claimed_at`` is ``time.monotonic()`` taken before the statement
@@ -157,10 +157,13 @@ def report_housekeeping(
 ) -> None:
     """Reports housekeeping's ends to ``observers`` (an ``Outbox``'s; by default, metrics and
     logs)."""
-    if observers is None:
-        from outbox.outbox import default_observers  # the executor never imports metrics
-
-        observers = default_observers()
-    reported = Observers(observers)
+    reported = Observers(_default_observers() if observers is None else observers)
     for item in ended:
         reported.ended(item.id, item.kind, item.state, item.reason)
+
+
+def _default_observers() -> list[ExecutorObserver]:
+    # Imported here: the executor itself never imports the metrics (an observer of its own).
+    from outbox.outbox import default_observers
+
+    return default_observers()
