@@ -172,7 +172,7 @@ OPERATIONS = st.lists(
                 "retry",
                 "erase",
                 "expire",
-                # One statement over every lane, as claim_heads and finish_ends are: each lane's
+                # One statement over every lane, as claim_heads and finish_many are: each lane's
                 # refresh must see what the statement did to the other rows.
                 "claim-every-lane",
                 "end-every-lane",
