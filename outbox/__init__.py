@@ -31,10 +31,23 @@ from outbox.errors import (
     UnknownKindError,
 )
 from outbox.executor import ActionExecutor, Outcome
+from outbox.fence_token import FenceToken
 from outbox.kinds import EMAIL, ActionKind
+from outbox.observers import ExecutorObserver
 from outbox.outbox import Outbox
 from outbox.request import ActionRequest
-from outbox.results import Abandoned, Cancelled, Defer, Done, Failed, Result, Retry, Uncertain
+from outbox.results import (
+    Abandoned,
+    Cancelled,
+    Defer,
+    Done,
+    Failed,
+    Finish,
+    Result,
+    Retry,
+    Uncertain,
+    finish_for,
+)
 from outbox.state import ActionState, StopReason
 
 __all__ = [
@@ -57,8 +70,11 @@ __all__ = [
     "EmailAdapter",
     "EmailNotice",
     "ErasureReport",
+    "ExecutorObserver",
     "Failed",
     "Fence",
+    "FenceToken",
+    "Finish",
     "IllegalTransition",
     "InvalidActionRequest",
     "KindConflictError",
@@ -81,6 +97,7 @@ __all__ = [
     "enqueue_many_async",
     "erase_subject",
     "erase_subject_async",
+    "finish_for",
     "get_action",
     "refuse",
     "refuse_async",

@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
+from outbox.fence_token import FenceToken
 from outbox.state import ActionState
 
 
@@ -43,6 +44,11 @@ class Action:
         values = {name: row[name] for name in _FIELD_NAMES if name in row}
         values["state"] = ActionState(values["state"])
         return cls(**values)
+
+    @property
+    def token(self) -> FenceToken:
+        """This claim of the action: every write after the claim holds only under it."""
+        return FenceToken(self.id, self.epoch)
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -29,7 +29,7 @@ class Fence:
         attempt = self._attempt
         if attempt.fence_passed:
             return True
-        ok = await attempt._store.begin_write(attempt.id, attempt.epoch, attempt._margin)
+        ok = await attempt._store.begin_write(attempt.action.token, attempt._margin)
         if ok:
             attempt.fence_passed = True
             if attempt.on_fence_passed is not None:

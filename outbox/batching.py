@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import psycopg
 
@@ -39,6 +39,7 @@ MAX_BATCH = 256
 MAX_IN_FLIGHT = 2
 
 P = TypeVar("P")
+K = TypeVar("K", bound=Hashable)
 R = TypeVar("R")
 
 
@@ -50,19 +51,20 @@ class _Waiting(Generic[P, R]):
     )
 
 
-class GroupWriter(Generic[P, R]):
+class GroupWriter(Generic[P, K, R]):
     """Coalesces concurrent calls on one event loop.
 
     ``many(params_list)`` runs one statement for all and returns ``{key: result}`` for the
-    rows it changed; ``one(params)`` is the single-row fallback; ``key(params)`` names the row.
+    rows it changed; ``one(params)`` is the single-row fallback; ``key(params)`` names the row
+    (the outbox's writers key by ``FenceToken``).
     """
 
     def __init__(
         self,
         name: str,
-        many: Callable[[Sequence[P]], Awaitable[dict[Hashable, R]]],
+        many: Callable[[Sequence[P]], Awaitable[Mapping[K, R]]],
         one: Callable[[P], Awaitable[R | None]],
-        key: Callable[[P], Hashable],
+        key: Callable[[P], K],
     ) -> None:
         self.name = name
         self._many = many
@@ -123,7 +125,7 @@ class GroupWriter(Generic[P, R]):
                 if not waiting.future.done():
                     waiting.future.set_exception(error)
             raise
-        given: set[Hashable] = set()
+        given: set[K] = set()
         for waiting in batch:
             key = self._key(waiting.params)
             # The first caller of a key gets its row; a twin finds it taken, as it would have.
@@ -148,8 +150,3 @@ class GroupWriter(Generic[P, R]):
             return
         if not waiting.future.done():
             waiting.future.set_result(result)
-
-
-def by_id_and_epoch(rows: list[dict[str, Any]]) -> dict[Hashable, dict[str, Any]]:
-    """The rows a batched statement returned, by ``(id, epoch)``: a caller's key."""
-    return {(row["id"], row["epoch"]): row for row in rows}

@@ -9,30 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from outbox import metrics
+from outbox.action import Action
 from outbox.adapter import ActionAdapter
 from outbox.attempt import ActionAttempt
 from outbox.config import Settings
 from outbox.errors import TransactionOpenError
-from outbox.results import (
-    RESULT_TYPES,
-    Abandoned,
-    Cancelled,
-    Defer,
-    Done,
-    Failed,
-    Result,
-    Retry,
-    Uncertain,
-    result_name,
-)
+from outbox.fence_token import FenceToken
+from outbox.observers import ExecutorObserver, Observers
+from outbox.results import RESULT_TYPES, Defer, Result, Retry, Uncertain, finish_for
 from outbox.state import ActionState, StopReason
 from outbox.store import ClaimedAction, Store, held_connections
 
@@ -59,20 +49,29 @@ class Outcome:
     state: ActionState | None
     reason: str | None = None
 
-
-def backoff(attempt: int, base: timedelta, cap: timedelta) -> timedelta:
-    """Capped exponential backoff with jitter: base * 2^(attempt-1), capped, times 0.5..1."""
-    exp = min(cap.total_seconds(), base.total_seconds() * 2 ** max(0, min(attempt - 1, 60)))
-    return timedelta(seconds=exp * random.uniform(0.5, 1.0))
+    @property
+    def token(self) -> FenceToken:
+        return FenceToken(self.action_id, self.epoch)
 
 
 class ActionExecutor:
+    """Runs claimed attempts: the adapter under its lease, then the result's one finish.
+
+    ``observers`` hear of every attempt, end and adapter error (``outbox.observers``):
+    ``Outbox.executor`` passes the outbox's; None means the default ones (metrics, then logs).
+    """
+
     def __init__(
-        self, store: Store, adapters: Mapping[str, ActionAdapter], settings: Settings
+        self,
+        store: Store,
+        adapters: Mapping[str, ActionAdapter],
+        settings: Settings,
+        observers: Iterable[ExecutorObserver] | None = None,
     ) -> None:
         self.store = store
         self.adapters = adapters
         self.settings = settings
+        self.observers = Observers(_default_observers() if observers is None else observers)
 
     async def run(self, claimed: ClaimedAction, claimed_at: float) -> Outcome:
         """Runs one attempt. ``claimed_at`` is ``time.monotonic()`` taken before the statement
@@ -87,19 +86,10 @@ class ActionExecutor:
                 action.id,
                 extra={"event": "no_adapter", "action_id": action.id, "kind": action.kind},
             )
-            return await self._finish(
-                action.id,
-                action.kind,
-                action.epoch,
-                action.attempt,
-                action.max_attempts,
-                Defer(NO_ADAPTER_DEFER, "NO_ADAPTER"),
-            )
+            return await self._finish(action, Defer(NO_ADAPTER_DEFER, "NO_ADAPTER"))
         attempt = ActionAttempt(action, self.store, self.settings.write_margin, deadline)
         result = await self._execute(adapter, attempt)
-        return await self._finish(
-            action.id, action.kind, action.epoch, action.attempt, action.max_attempts, result
-        )
+        return await self._finish(action, result)
 
     async def _execute(self, adapter: ActionAdapter, attempt: ActionAttempt) -> Result:
         if held_connections.get():
@@ -142,100 +132,42 @@ class ActionExecutor:
 
     def _error_result(self, attempt: ActionAttempt, error: Exception) -> Result:
         """An adapter's exception: Uncertain after its fence, Retry before it."""
+        self.observers.adapter_error(attempt, error)
         if attempt.fence_passed:
-            log.warning(
-                "adapter of kind %s raised after its fence on action %s: %s",
-                attempt.kind,
-                attempt.id,
-                type(error).__name__,
-                extra=_error_fields("adapter_error_after_fence", attempt, error),
-            )
             return Uncertain(StopReason.ADAPTER_ERROR_AFTER_WRITE)
-        log.info(
-            "adapter of kind %s raised before its fence on action %s: %s (retry)",
-            attempt.kind,
-            attempt.id,
-            type(error).__name__,
-            extra=_error_fields("adapter_error_before_fence", attempt, error),
-        )
         return Retry(reason=f"ERROR:{type(error).__name__}")
 
-    async def _finish(
-        self,
-        action_id: int,
-        kind: str,
-        epoch: int,
-        attempt: int,
-        max_attempts: int,
-        result: Result,
-    ) -> Outcome:
-        store = self.store
-        state: ActionState | None
-        reason: str | None
-        match result:
-            case Done(ref=ref):
-                state, reason = ActionState.DONE, StopReason.DONE
-                recorded = await store.finish_end(action_id, epoch, state, reason, ref)
-            case Retry(after=after) if attempt < max_attempts:
-                state, reason = ActionState.ADMITTED, result.reason
-                wait = (
-                    after
-                    if after is not None
-                    else backoff(attempt, self.settings.retry_base, self.settings.retry_cap)
-                )
-                recorded = await store.finish_retry(action_id, epoch, wait, result.reason)
-            case Retry():
-                state, reason = ActionState.FAILED, StopReason.ATTEMPTS_EXHAUSTED
-                recorded = await store.finish_end(
-                    action_id, epoch, state, reason, None, cause=result.reason
-                )
-            case Defer(after=after):
-                state, reason = ActionState.ADMITTED, result.reason
-                recorded = await store.finish_defer(action_id, epoch, after, result.reason)
-            case Uncertain(reason=reason):
-                state = ActionState.UNCERTAIN
-                recorded = await store.finish_end(action_id, epoch, state, reason, None)
-            case Failed(reason=reason):
-                state = ActionState.FAILED
-                recorded = await store.finish_end(action_id, epoch, state, reason, None)
-            case Cancelled(reason=reason):
-                state = ActionState.CANCELLED
-                recorded = await store.finish_end(action_id, epoch, state, reason, None)
-            case Abandoned():
-                state, reason, recorded = None, None, False
-            case _:  # pragma: no cover - _execute only returns results
-                raise TypeError(f"not a result: {result!r}")
-        metrics.record_attempt(kind, result_name(result), recorded)
-        if recorded and state is not None and state.is_ended:
-            report_ended(action_id, kind, state, reason or "")
-        return Outcome(
-            action_id, kind, epoch, result, recorded, state if recorded else None, reason
+    async def _finish(self, action: Action, result: Result) -> Outcome:
+        """Writes the result's one finish under the action's token and reports it."""
+        finish = finish_for(result, action, self.settings)
+        recorded = finish is not None and await self.store.finish(action.token, finish)
+        outcome = Outcome(
+            action.id,
+            action.kind,
+            action.epoch,
+            result,
+            recorded,
+            finish.state if finish is not None and recorded else None,
+            finish.reason if finish is not None else None,
         )
+        self.observers.attempt(outcome)
+        if finish is not None and recorded and finish.stop_reason is not None:
+            self.observers.ended(action.id, action.kind, finish.state, finish.stop_reason)
+        return outcome
 
 
-def _error_fields(event: str, attempt: ActionAttempt, error: Exception) -> dict[str, object]:
-    # The exception's class only: its text may quote the payload or an address.
-    return {
-        "event": event,
-        "action_id": attempt.id,
-        "kind": attempt.kind,
-        "error": type(error).__name__,
-    }
-
-
-def report_ended(action_id: int, kind: str, state: ActionState, reason: str) -> None:
-    """Counts an end; an UNCERTAIN end also writes its one warning line."""
-    metrics.record_ended(kind, state.value, reason)
-    if state is ActionState.UNCERTAIN:
-        log.warning(
-            "action %s of kind %s ended UNCERTAIN: %s",
-            action_id,
-            kind,
-            reason,
-            extra={"event": "uncertain", "action_id": action_id, "kind": kind, "reason": reason},
-        )
-
-
-def report_housekeeping(ended: list[EndedByHousekeeping]) -> None:
+def report_housekeeping(
+    ended: list[EndedByHousekeeping], observers: Iterable[ExecutorObserver] | None = None
+) -> None:
+    """Reports housekeeping's ends to ``observers`` (an ``Outbox``'s; by default, metrics and
+    logs)."""
+    reported = Observers(_default_observers() if observers is None else observers)
     for item in ended:
-        report_ended(item.id, item.kind, item.state, item.reason)
+        reported.ended(item.id, item.kind, item.state, item.reason)
+
+
+def _default_observers() -> list[ExecutorObserver]:
+    # Imported here: the executor itself never imports the metrics (an observer of its own).
+    from outbox.outbox import default_observers
+
+    return default_observers()

@@ -19,7 +19,7 @@ import re
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
 
 from dramatiq.middleware import Middleware
@@ -28,7 +28,13 @@ from prometheus_client import multiprocess as _multiprocess
 
 from outbox.backlog import Backlog
 from outbox.config import Settings
-from outbox.state import StopReason
+from outbox.fence_token import FenceToken
+from outbox.observers import ExecutorObserver
+from outbox.results import result_name
+from outbox.state import ActionState, StopReason
+
+if TYPE_CHECKING:
+    from outbox.executor import Outcome
 
 log = logging.getLogger("outbox.metrics")
 
@@ -116,6 +122,20 @@ def record_ended(kind: str, state: str, reason: str) -> None:
         if label == reason:
             _ended_children[key] = child
     child.inc()
+
+
+class MetricsObserver(ExecutorObserver):
+    """The executor's counters: every attempt (``outbox_action_attempts_total``), a refused take
+    as an ``abandoned`` attempt, and every end (``outbox_action_ended_total``)."""
+
+    def on_attempt(self, outcome: Outcome) -> None:
+        record_attempt(outcome.kind, result_name(outcome.result), outcome.recorded)
+
+    def on_ended(self, action_id: int, kind: str, state: ActionState, reason: str) -> None:
+        record_ended(kind, state.value, reason)
+
+    def on_take_refused(self, kind: str, token: FenceToken) -> None:
+        record_attempt(kind, "abandoned", False)
 
 
 # Gauges read the database, not this process: in multiprocess mode the most recent value of a

@@ -20,9 +20,16 @@ from outbox.connecting import CONNECTION_OPTIONS
 from outbox.errors import AdapterAlreadyRegistered, KindConflictError
 from outbox.executor import ActionExecutor, Outcome
 from outbox.kinds import BUILTIN_KINDS, ActionKind
+from outbox.metrics import MetricsObserver
 from outbox.migrate import MigrationReport, migrate
+from outbox.observers import ExecutorObserver, LogObserver
 from outbox.request import ActionRequest
 from outbox.store import Store
+
+
+def default_observers() -> list[ExecutorObserver]:
+    """What every executor reports to unless told otherwise: the metrics, then the logs."""
+    return [MetricsObserver(), LogObserver()]
 
 
 class Outbox:
@@ -39,6 +46,9 @@ class Outbox:
         self.settings = base.with_overrides(database_url=database_url, **overrides)
         self.kinds: dict[str, ActionKind] = {k.name: k for k in BUILTIN_KINDS}
         self.adapters: dict[str, ActionAdapter] = {}
+        #: What this outbox's executors report to (``outbox.observers``): metrics and logs by
+        #: default; append an ``ExecutorObserver`` to hear of every attempt and end as well.
+        self.observers: list[ExecutorObserver] = default_observers()
 
     @property
     def schema(self) -> str:
@@ -127,7 +137,7 @@ class Outbox:
             await own.close()
 
     def executor(self, store: Store) -> ActionExecutor:
-        return ActionExecutor(store, self.adapters, self.settings)
+        return ActionExecutor(store, self.adapters, self.settings, self.observers)
 
     async def claim_and_run(
         self, executor: ActionExecutor, kinds: Iterable[str] | None = None, limit: int | None = None

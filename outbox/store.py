@@ -10,7 +10,7 @@ adapter runs.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import AsyncIterator, Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,9 +21,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from outbox._io import Operation, Statement, run_async
 from outbox.action import Action
-from outbox.batching import GroupWriter, by_id_and_epoch
+from outbox.batching import GroupWriter
+from outbox.fence_token import FenceToken
 from outbox.queries import queries_for
-from outbox.state import ActionState
+from outbox.results import Finish
 
 T = TypeVar("T")
 
@@ -94,32 +95,33 @@ def claim_operation(
 
 
 def release_claims_operation(
-    schema: str, pairs: Iterable[tuple[int, int]]
-) -> Operation[list[tuple[int, int]]]:
-    """Gives back claims whose push failed: each ``(id, epoch)`` still EXECUTING at that epoch
-    and not taken by a worker becomes ADMITTED and due now. Returns the pairs it gave back."""
-    ids, epochs = [], []
-    for action_id, epoch in pairs:
-        ids.append(action_id)
-        epochs.append(epoch)
-    if not ids:
+    schema: str, tokens: Iterable[FenceToken]
+) -> Operation[list[FenceToken]]:
+    """Gives back claims whose push failed: each still EXECUTING at its token's epoch and not
+    taken by a worker becomes ADMITTED and due now. Returns the tokens it gave back."""
+    tokens = list(tokens)
+    if not tokens:
         return []
-    rows = yield Statement(queries_for(schema)["release_claims"], {"ids": ids, "epochs": epochs})
-    return [(row["id"], row["epoch"]) for row in rows]
+    params = {"ids": [t.action_id for t in tokens], "epochs": [t.epoch for t in tokens]}
+    rows = yield Statement(queries_for(schema)["release_claims"], params)
+    return list(_by_token(rows))
 
 
-def _single(name: str, schema: str, params: Mapping[str, Any]) -> Operation[bool]:
-    rows = yield Statement(queries_for(schema)[name], params)
-    return bool(rows)
+def _by_token(rows: list[dict[str, Any]]) -> dict[FenceToken, dict[str, Any]]:
+    """The rows a batched statement returned, by the token each answers."""
+    return {FenceToken(row["id"], row["epoch"]): row for row in rows}
 
 
-def _key(params: Mapping[str, Any]) -> tuple[int, int]:
-    return (params["id"], params["epoch"])
+def _token_params(token: FenceToken) -> dict[str, int]:
+    return {"id": token.action_id, "epoch": token.epoch}
 
 
-def _columns(rows: Sequence[dict[str, Any]], **arrays: str) -> dict[str, list[Any]]:
-    """``[{"id": 1, ...}, {"id": 2, ...}]`` -> ``{"ids": [1, 2], ...}`` for an ``unnest``."""
-    return {array: [row[column] for row in rows] for array, column in arrays.items()}
+def _first(pair: tuple[FenceToken, Any]) -> FenceToken:
+    return pair[0]
+
+
+def _identity(token: FenceToken) -> FenceToken:
+    return token
 
 
 class Store:
@@ -130,15 +132,21 @@ class Store:
         self.schema = schema
         #: The lease a worker's take starts afresh (the claimers' lease: one setting).
         self.lease = lease
-        # Group commit (outbox.batching): concurrent takes, fences and ends of this process
-        # share statements; each row keeps its own epoch check.
-        self._take = GroupWriter("take_attempt", self._take_many, self._take_one, _key)
-        self._fence = GroupWriter("begin_write", self._fence_many, self._fence_one, _key)
-        self._end = GroupWriter("finish_end", self._end_many, self._end_one, _key)
+        # Group commit (outbox.batching): concurrent takes, fences and finishes of this
+        # process share statements; each row keeps its own epoch check.
+        self._take: GroupWriter[FenceToken, FenceToken, ClaimedAction] = GroupWriter(
+            "take_attempt", self._take_many, self._take_one, _identity
+        )
+        self._fence: GroupWriter[tuple[FenceToken, timedelta], FenceToken, bool] = GroupWriter(
+            "begin_write", self._fence_many, self._fence_one, _first
+        )
+        self._finish: GroupWriter[tuple[FenceToken, Finish], FenceToken, bool] = GroupWriter(
+            "finish", self._finish_many, self._finish_one, _first
+        )
 
     @property
-    def group_writers(self) -> tuple[GroupWriter[Any, Any], ...]:
-        return (self._take, self._fence, self._end)
+    def group_writers(self) -> tuple[GroupWriter[Any, FenceToken, Any], ...]:
+        return (self._take, self._fence, self._finish)
 
     async def _rows(self, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         def op() -> Operation[list[dict[str, Any]]]:
@@ -146,36 +154,51 @@ class Store:
 
         return await self.run(op())
 
-    async def _take_one(self, p: dict[str, Any]) -> ClaimedAction | None:
-        rows = await self._rows("take_attempt", p)
+    async def _take_one(self, token: FenceToken) -> ClaimedAction | None:
+        rows = await self._rows("take_attempt", {**_token_params(token), "lease": self.lease})
         return _claimed(rows)[0] if rows else None
 
-    async def _take_many(self, ps: Sequence[dict[str, Any]]) -> dict[Hashable, ClaimedAction]:
-        params = {**_columns(ps, ids="id", epochs="epoch"), "lease": self.lease}
+    async def _take_many(self, tokens: Sequence[FenceToken]) -> dict[FenceToken, ClaimedAction]:
+        params = {
+            "ids": [t.action_id for t in tokens],
+            "epochs": [t.epoch for t in tokens],
+            "lease": self.lease,
+        }
         rows = await self._rows("take_attempts", params)
-        return {k: _claimed([row])[0] for k, row in by_id_and_epoch(rows).items()}
+        return {token: _claimed([row])[0] for token, row in _by_token(rows).items()}
 
-    async def _fence_one(self, p: dict[str, Any]) -> bool:
-        return bool(await self._rows("begin_write", p))
+    async def _fence_one(self, fence: tuple[FenceToken, timedelta]) -> bool:
+        token, margin = fence
+        return bool(await self._rows("begin_write", {**_token_params(token), "margin": margin}))
 
-    async def _fence_many(self, ps: Sequence[dict[str, Any]]) -> dict[Hashable, bool]:
-        params = _columns(ps, ids="id", epochs="epoch", margins="margin")
-        return dict.fromkeys(by_id_and_epoch(await self._rows("begin_writes", params)), True)
+    async def _fence_many(
+        self, fences: Sequence[tuple[FenceToken, timedelta]]
+    ) -> dict[FenceToken, bool]:
+        params = {
+            "ids": [t.action_id for t, _ in fences],
+            "epochs": [t.epoch for t, _ in fences],
+            "margins": [margin for _, margin in fences],
+        }
+        return dict.fromkeys(_by_token(await self._rows("begin_writes", params)), True)
 
-    async def _end_one(self, p: dict[str, Any]) -> bool:
-        return bool(await self._rows("finish_end", p))
+    async def _finish_one(self, finish: tuple[FenceToken, Finish]) -> bool:
+        return bool(await self._finish_many([finish]))
 
-    async def _end_many(self, ps: Sequence[dict[str, Any]]) -> dict[Hashable, bool]:
-        params = _columns(
-            ps,
-            ids="id",
-            epochs="epoch",
-            states="state",
-            reasons="reason",
-            refs="ref",
-            causes="cause",
-        )
-        return dict.fromkeys(by_id_and_epoch(await self._rows("finish_ends", params)), True)
+    async def _finish_many(
+        self, finishes: Sequence[tuple[FenceToken, Finish]]
+    ) -> dict[FenceToken, bool]:
+        # One statement for every finish, one row or many: ends, retries and deferrals alike.
+        params = {
+            "ids": [t.action_id for t, _ in finishes],
+            "epochs": [t.epoch for t, _ in finishes],
+            "states": [f.state.value for _, f in finishes],
+            "stop_reasons": [f.stop_reason for _, f in finishes],
+            "refs": [f.ref for _, f in finishes],
+            "retry_reasons": [f.retry_reason for _, f in finishes],
+            "afters": [f.after for _, f in finishes],
+            "gives_back": [f.gives_back_attempt for _, f in finishes],
+        }
+        return dict.fromkeys(_by_token(await self._rows("finish_many", params)), True)
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
@@ -197,48 +220,21 @@ class Store:
         once, without (a claimer that pushes) it leaves the take to a worker."""
         return await self.run(claim_operation(self.schema, limits, lease, take=take))
 
-    async def take_attempt(self, action_id: int, epoch: int) -> ClaimedAction | None:
+    async def take_attempt(self, token: FenceToken) -> ClaimedAction | None:
         """The executing action a message names, if its epoch still holds, at most once per
-        epoch: a second delivery of the same
-        ``(action_id, epoch)`` message gets None (the Dramatiq actor drops it as Abandoned)."""
+        epoch: a second delivery of the same token gets None (the Dramatiq actor drops it as
+        Abandoned)."""
+        return await self._take(token)
 
-        return await self._take({"id": action_id, "epoch": epoch, "lease": self.lease})
+    async def begin_write(self, token: FenceToken, margin: timedelta) -> bool:
+        """The fence: marks the write as started while the token's epoch holds and at least
+        ``margin`` of the lease is left."""
+        return bool(await self._fence((token, margin)))
 
-    async def begin_write(self, action_id: int, epoch: int, margin: timedelta) -> bool:
-        return bool(await self._fence({"id": action_id, "epoch": epoch, "margin": margin}))
-
-    async def finish_end(
-        self,
-        action_id: int,
-        epoch: int,
-        state: ActionState,
-        reason: str,
-        ref: str | None,
-        cause: str | None = None,
-    ) -> bool:
-        """Ends the action if its epoch holds; ``cause`` is the last retry's reason, when the
-        attempts ran out."""
-        params = {
-            "id": action_id,
-            "epoch": epoch,
-            "state": state.value,
-            "reason": reason,
-            "ref": ref,
-            "cause": cause,
-        }
-        return bool(await self._end(params))
-
-    async def finish_retry(
-        self, action_id: int, epoch: int, after: timedelta, reason: str | None = None
-    ) -> bool:
-        params = {"id": action_id, "epoch": epoch, "after": after, "reason": reason}
-        return await self.run(_single("finish_retry", self.schema, params))
-
-    async def finish_defer(
-        self, action_id: int, epoch: int, after: timedelta, reason: str | None = None
-    ) -> bool:
-        params = {"id": action_id, "epoch": epoch, "after": after, "reason": reason}
-        return await self.run(_single("finish_defer", self.schema, params))
+    async def finish(self, token: FenceToken, finish: Finish) -> bool:
+        """Writes ``finish`` (an end or a wait) if the token's epoch still holds; True when it
+        did."""
+        return bool(await self._finish((token, finish)))
 
     async def in_flight(self, kinds: Iterable[str]) -> dict[str, int]:
         """Claimed-and-unfinished actions per kind, with a lease that still runs."""

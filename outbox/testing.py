@@ -46,7 +46,7 @@ async def drain_async(
     started = time.monotonic()
     async with outbox.store() as store:
         executor = outbox.executor(store)
-        maintenance = Maintenance.for_drain(store)
+        maintenance = Maintenance.for_drain(store, outbox.observers)
         while True:
             await maintenance.run_due()
             await make_due(store)

@@ -8,6 +8,8 @@
 4. No adapter runs while a database transaction is open: the executor refuses at run time when
    its task holds an outbox connection, and a real drain shows every pool connection idle while
    each adapter runs.
+4. The executor imports no metrics: what it reports goes to its observers (``outbox.observers``),
+   so a new metric is an observer of its own and never a change to the executor.
 """
 
 from __future__ import annotations
@@ -340,3 +342,50 @@ def test_during_a_drain_every_adapter_runs_with_no_pool_connection_out(
     report = drain(ob)
     assert report.attempts == 6  # each action: a retry, then done
     assert adapter.seen == [(0, 0)] * 6
+
+
+# -- rule 4: the executor reports to observers, never to metrics itself ----------------------------
+
+#: What the executor must not import: metrics are an observer (outbox.metrics.MetricsObserver).
+METRICS_MODULES = ("outbox.metrics", "prometheus_client")
+
+
+def executor_metrics_imports(root: Path) -> list[Violation]:
+    """Imports of the metrics (``import outbox.metrics``, ``from outbox import metrics``,
+    ``from outbox.metrics import ...``, prometheus_client) in the executor."""
+    tree = dict(modules(root))[EXECUTOR]
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        for name in names:
+            if any(name == m or name.startswith(m + ".") for m in METRICS_MODULES):
+                found.append(Violation(EXECUTOR, node.lineno, f"imports {name}"))
+                break
+    return found
+
+
+def test_the_executor_imports_no_metrics():
+    assert [str(v) for v in executor_metrics_imports(ROOT)] == []
+
+
+def test_a_metrics_import_in_the_executor_is_caught(tmp_path):
+    root = write_tree(
+        tmp_path,
+        {
+            "outbox/executor.py": (
+                "from outbox import metrics\n"
+                "from outbox.observers import Observers\n"
+                "import prometheus_client.core\n"
+                "def f():\n    from outbox.metrics import record_attempt\n"
+            ),
+        },
+    )
+    assert [str(v) for v in executor_metrics_imports(root)] == [
+        "outbox/executor.py:1: imports outbox.metrics",
+        "outbox/executor.py:3: imports prometheus_client.core",
+        "outbox/executor.py:5: imports outbox.metrics",
+    ]

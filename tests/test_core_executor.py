@@ -26,6 +26,7 @@ from outbox import (
     Uncertain,
     enqueue,
 )
+from outbox.results import finish_for
 from outbox.store import held_connections
 from outbox.testing import drain, drain_async
 from tests.support import Recorder, ScriptedAdapter, rows
@@ -248,12 +249,13 @@ async def test_a_stale_finish_changes_nothing(make_outbox, database_url, schema)
         await claim_one(ob, store)
         before = one_row(database_url, schema)
         a = first.action
-        outcome = await ob.executor(store)._finish(
-            a.id, a.kind, a.epoch, a.attempt, a.max_attempts, Done("late")
-        )
+        outcome = await ob.executor(store)._finish(a, Done("late"))
         assert outcome.recorded is False and outcome.state is None
-        assert await store.finish_retry(a.id, a.epoch, timedelta(0)) is False
-        assert await store.finish_defer(a.id, a.epoch, timedelta(0)) is False
+        retry = finish_for(Retry(after=timedelta(0)), a, ob.settings)
+        defer = finish_for(Defer(timedelta(0)), a, ob.settings)
+        assert retry is not None and defer is not None
+        assert await store.finish(a.token, retry) is False
+        assert await store.finish(a.token, defer) is False
     assert one_row(database_url, schema) == before
 
 
@@ -328,7 +330,7 @@ async def test_at_most_once_lease_lost_after_the_fence_ends_uncertain_and_never_
     async with ob.store() as store:
         claimed, _ = await claim_one(ob, store)
         # The worker passed the fence, then died: no finish is ever written.
-        assert await store.begin_write(claimed.action.id, claimed.action.epoch, timedelta(0))
+        assert await store.begin_write(claimed.action.token, timedelta(0))
         await expire_lease(database_url, schema, claimed.action.id)
     report = await drain_async(ob)
     assert report.attempts == 0 and recorder.calls == {}
@@ -345,7 +347,7 @@ async def test_a_read_back_adapter_sees_write_started_on_its_next_attempt(
     async with ob.store() as store:
         claimed, _ = await claim_one(ob, store)
         assert claimed.action.write_started_at is None
-        assert await store.begin_write(claimed.action.id, claimed.action.epoch, timedelta(0))
+        assert await store.begin_write(claimed.action.token, timedelta(0))
         await expire_lease(database_url, schema, claimed.action.id)
     report = await drain_async(ob)
     assert report.count() == {"done": 1}
@@ -371,7 +373,7 @@ async def test_a_lost_lease_after_a_read_back_write_at_the_last_attempt_is_uncer
     put(ob, database_url, max_attempts=1)
     async with ob.store() as store:
         claimed, _ = await claim_one(ob, store)
-        assert await store.begin_write(claimed.action.id, claimed.action.epoch, timedelta(0))
+        assert await store.begin_write(claimed.action.token, timedelta(0))
         await expire_lease(database_url, schema, claimed.action.id)
     await drain_async(ob)
     assert one_row(database_url, schema)["state"] == "UNCERTAIN"

@@ -11,6 +11,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 from outbox import ActionKind, ActionRequest, ActionState, enqueue
+from outbox.fence_token import FenceToken
+from outbox.results import Finish
 
 NOTE = ActionKind("NOTE")
 
@@ -48,7 +50,7 @@ async def test_concurrent_fences_share_statements_and_a_stale_epoch_is_refused(
         assert len(claimed) == 40
         # Every other caller names the epoch before its claim: a stale attempt.
         calls = [
-            store.begin_write(c.action.id, c.action.epoch - (i % 2), timedelta(0))
+            store.begin_write(FenceToken(c.action.id, c.action.epoch - (i % 2)), timedelta(0))
             for i, c in enumerate(claimed)
         ]
         results = await asyncio.gather(*calls)
@@ -68,10 +70,7 @@ async def test_a_fence_with_less_than_its_margin_left_is_refused_inside_a_batch(
         claimed = await store.claim({"NOTE": 10}, timedelta(minutes=5))
         margins = [timedelta(0) if i < 5 else timedelta(minutes=10) for i in range(10)]
         results = await asyncio.gather(
-            *(
-                store.begin_write(c.action.id, c.action.epoch, m)
-                for c, m in zip(claimed, margins, strict=True)
-            )
+            *(store.begin_write(c.action.token, m) for c, m in zip(claimed, margins, strict=True))
         )
     assert results == [True] * 5 + [False] * 5
 
@@ -80,13 +79,13 @@ async def test_a_twin_delivery_in_one_batch_is_taken_once(make_outbox, database_
     ob = setup(make_outbox, database_url, schema, 20)
     async with ob.store() as store:
         claimed = await store.claim({"NOTE": 20}, ob.settings.lease, take=False)
-        keys = [(c.action.id, c.action.epoch) for c in claimed]
+        keys = [c.action.token for c in claimed]
         # Each message delivered twice, all at once: one take per (id, epoch).
-        taken = await asyncio.gather(*(store.take_attempt(i, e) for i, e in keys + keys))
+        taken = await asyncio.gather(*(store.take_attempt(token) for token in keys + keys))
         take = store.group_writers[0]
         assert take.statements < take.calls
     got = [t.action.id for t in taken if t is not None]
-    assert sorted(got) == sorted(i for i, _ in keys)
+    assert sorted(got) == sorted(token.action_id for token in keys)
 
 
 async def test_concurrent_ends_record_only_their_own_epoch(make_outbox, database_url, schema):
@@ -95,12 +94,9 @@ async def test_concurrent_ends_record_only_their_own_epoch(make_outbox, database
         claimed = await store.claim({"NOTE": 30}, ob.settings.lease)
         recorded = await asyncio.gather(
             *(
-                store.finish_end(
-                    c.action.id,
-                    c.action.epoch + (1 if i % 3 == 0 else 0),
-                    ActionState.DONE,
-                    "DONE",
-                    f"ref-{c.action.id}",
+                store.finish(
+                    FenceToken(c.action.id, c.action.epoch + (1 if i % 3 == 0 else 0)),
+                    Finish(ActionState.DONE, "DONE", ref=f"ref-{c.action.id}"),
                 )
                 for i, c in enumerate(claimed)
             )

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from outbox import ActionKind, ActionRequest, Done, Retry, StopReason, admit, enqueue, refuse
+from outbox.results import Finish
 from outbox.testing import drain
 from tests.support import Recorder, ScriptedAdapter, expected_lanes, lanes, rows
 
@@ -171,7 +172,7 @@ OPERATIONS = st.lists(
                 "retry",
                 "erase",
                 "expire",
-                # One statement over every lane, as claim_heads and finish_ends are: each lane's
+                # One statement over every lane, as claim_heads and finish_many are: each lane's
                 # refresh must see what the statement did to the other rows.
                 "claim-every-lane",
                 "end-every-lane",
@@ -279,7 +280,7 @@ async def test_an_erased_write_holds_its_lane_until_its_lease_ends(
         conn.commit()
     async with ob.store() as store:
         (claimed,) = await store.claim({"NOTE": 10}, ob.settings.lease)
-        assert await store.begin_write(claimed.action.id, claimed.action.epoch, timedelta(0))
+        assert await store.begin_write(claimed.action.token, timedelta(0))
         with psycopg.connect(database_url) as conn:
             erase_subject(conn, "acct", schema=schema)
             conn.commit()
@@ -342,15 +343,16 @@ async def test_an_ended_action_wakes_the_claimers_only_when_its_lane_has_a_due_s
             }
             assert sorted(claimed) == ["L", "R", "alone"]
             assert _notified(listener) == 0, "a claim leaves its lane busy: nothing to wake"
-            done = ActionState.DONE
+            done = Finish(ActionState.DONE, "DONE")
             alone = claimed["alone"]
-            assert await store.finish_end(alone.id, alone.epoch, done, "DONE", None)
+            assert await store.finish(alone.token, done)
             assert _notified(listener) == 0, "no successor, nothing to wake"
             retried = claimed["R"]
-            assert await store.finish_retry(retried.id, retried.epoch, timedelta(minutes=5))
+            retry = Finish(ActionState.ADMITTED, after=timedelta(minutes=5))
+            assert await store.finish(retried.token, retry)
             assert _notified(listener) == 0, "the head waits for its retry: nothing due"
             first = claimed["L"]
-            assert await store.finish_end(first.id, first.epoch, done, "DONE", None)
+            assert await store.finish(first.token, done)
             assert _notified(listener) == 1, "the successor is due: the claimers must hear it"
             (nxt,) = await store.claim({"NOTE": 10}, ob.settings.lease)
     assert nxt.action.idempotency_key == "second"

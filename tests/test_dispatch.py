@@ -19,6 +19,7 @@ from dispatch_support import DispatchRig, assert_lanes_held
 
 from outbox import ActionRequest
 from outbox.dispatch import broker_from_url, install
+from outbox.fence_token import FenceToken
 from outbox.status import status
 from tests.apps import dispatch_app
 
@@ -184,11 +185,11 @@ def test_same_message_delivered_twice_second_is_abandoned_and_effect_happens_onc
 
     epoch = asyncio.run(claim())
     # Two deliveries of one message at once (a broker redelivery while the first still runs).
-    dispatch.push(action_id, epoch, rig.rb)
-    dispatch.push(action_id, epoch, rig.rb)
+    dispatch.push(rig.rb, FenceToken(action_id, epoch))
+    dispatch.push(rig.rb, FenceToken(action_id, epoch))
     [row] = rig.wait_ended([action_id], timeout=20)
     # And one more after the action ended.
-    dispatch.push(action_id, epoch, rig.rb)
+    dispatch.push(rig.rb, FenceToken(action_id, epoch))
     deadline = time.monotonic() + 10
     while worker.output().count("abandoned message for action") < 2:
         if time.monotonic() > deadline:
@@ -224,13 +225,13 @@ def test_one_message_of_several_pairs_runs_each_once_and_drops_its_twin_and_stal
             return epochs
 
     epochs = asyncio.run(claim())
-    pairs = [
-        (first, epochs[first]),
-        (first, epochs[first]),  # a twin inside the message
-        (stale, epochs[stale]),  # an epoch that no longer holds
-        (last, epochs[last]),
+    tokens = [
+        FenceToken(first, epochs[first]),
+        FenceToken(first, epochs[first]),  # a twin inside the message
+        FenceToken(stale, epochs[stale]),  # an epoch that no longer holds
+        FenceToken(last, epochs[last]),
     ]
-    dispatch.broker.enqueue(dispatch.message(rig.rb, pairs))
+    dispatch.broker.enqueue(dispatch.message(rig.rb, tokens))
     rows = rig.wait_ended([first, last], timeout=20)
 
     assert [r["state"] for r in rows] == ["DONE", "DONE"]

@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 
 from outbox import ActionRequest
 from outbox.dispatch import Claimer, broker_from_url, install
-from outbox.dispatch.actors import BIGINT_MAX, valid_pairs
+from outbox.dispatch.actors import BIGINT_MAX
 from outbox.dispatch.processes import OutboxProcess, start_claimer, start_worker
+from outbox.fence_token import FenceToken
 from outbox.store import release_claims_operation
 from tests.apps import dispatch_app
 from tests.private_servers import PrivatePostgres, PrivateRedis
@@ -332,20 +333,27 @@ def test_claimer_and_worker_wait_for_postgres_at_start_and_stop_promptly_on_sigt
 # -- a bad message never fails its neighbours ------------------------------------------------
 
 
+def _tokens_or_none(args: Any) -> list[FenceToken] | None:
+    try:
+        return FenceToken.from_args(args)
+    except ValueError:
+        return None
+
+
 @given(st.lists(st.integers(min_value=-(2**70), max_value=2**70), max_size=8))
 def test_only_even_length_lists_of_ids_and_epochs_in_bigint_range_are_pairs(
     values: list[int],
 ) -> None:
-    pairs = valid_pairs(values)
+    tokens = _tokens_or_none(values)
     fine = bool(values) and len(values) % 2 == 0 and all(1 <= v <= BIGINT_MAX for v in values)
-    assert (pairs is not None) == fine
-    if pairs is not None:
-        assert [v for pair in pairs for v in pair] == values
+    assert (tokens is not None) == fine
+    if tokens is not None:
+        assert list(FenceToken.to_args(tokens)) == values
 
 
 def test_non_integers_and_bools_are_not_pairs() -> None:
     for args in [("1", 1), (1.0, 1), (True, 1), (1, None), (1, [2]), ()]:
-        assert valid_pairs(args) is None, args
+        assert _tokens_or_none(args) is None, args
 
 
 def test_forged_messages_next_to_legitimate_ones_do_not_hold_them_up(rig: DispatchRig) -> None:
@@ -390,10 +398,11 @@ async def test_released_claims_are_due_again_unless_taken_or_of_another_epoch(
         claimed = await store.claim({rig.rb: 4}, outbox.settings.lease, take=False)
         pairs = {c.action.id: c.action.epoch for c in claimed}
         taken, stale = ids[0], ids[1]
-        assert await store.take_attempt(taken, pairs[taken]) is not None
-        asked = [(i, e if i != stale else e - 1) for i, e in pairs.items()]
+        assert await store.take_attempt(FenceToken(taken, pairs[taken])) is not None
+        asked = [FenceToken(i, e if i != stale else e - 1) for i, e in pairs.items()]
         released = await store.run(release_claims_operation(schema, asked))
-        assert sorted(released) == sorted((i, pairs[i]) for i in ids[2:])
+        assert sorted(t.action_id for t in released) == sorted(ids[2:])
+        assert all(t.epoch == pairs[t.action_id] for t in released)
     with rig.connect() as conn:
         rows = {r["id"]: r for r in rig.actions(conn, ids)}
         db_now = conn.execute("SELECT now() AS now").fetchone()

@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 
 from outbox import ActionKind, ActionRequest, ConfigurationError, Done, Outbox, Settings
 from outbox.dispatch import Claimer, broker_from_url, default_broker, install
-from outbox.dispatch.actors import actor_options, even_chunks, pairs_of
+from outbox.dispatch.actors import actor_options, even_chunks
 from outbox.dispatch.commands import worker_argv
+from outbox.fence_token import FenceToken
 
 
 class Noop:
@@ -142,10 +143,12 @@ async def test_a_message_is_taken_once_per_epoch_and_never_with_a_stale_epoch(
     async with outbox.store() as store:
         [claimed] = await store.claim({kind: 1}, outbox.settings.lease, take=False)
         epoch = claimed.action.epoch
-        assert await store.take_attempt(action_id, epoch - 1) is None
-        taken = await store.take_attempt(action_id, epoch)
+        assert await store.take_attempt(FenceToken(action_id, epoch - 1)) is None
+        taken = await store.take_attempt(FenceToken(action_id, epoch))
         assert taken is not None and taken.lease_left > timedelta(seconds=4)
-        assert await store.take_attempt(action_id, epoch) is None, "a second delivery ran"
+        assert await store.take_attempt(FenceToken(action_id, epoch)) is None, (
+            "a second delivery ran"
+        )
 
 
 @pytest.mark.parametrize(("per_message", "messages"), [(1, 5), (2, 3), (8, 1)])
@@ -165,15 +168,14 @@ async def test_claimer_pushes_only_after_its_claim_committed(
         """At push time, looks at the message's actions from another connection."""
 
         def before_enqueue(self, broker: Any, message: Any, delay: Any) -> None:
-            first, first_epoch, *more = message.args
-            for action_id, epoch in pairs_of(first, first_epoch, more):
+            for token in FenceToken.from_args(message.args):
                 with psycopg.connect(database_url) as conn:
                     row = conn.execute(
                         f'SELECT state, epoch FROM "{schema}".agent_action WHERE id = %s',
-                        (action_id,),
+                        (token.action_id,),
                     ).fetchone()
                 assert row is not None
-                seen.append((action_id, row[0], row[1] - epoch))
+                seen.append((token.action_id, row[0], row[1] - token.epoch))
 
     broker = broker_from_url(redis_url, middleware=[SeeCommitted()])
     dispatch = install(outbox, broker)
@@ -318,14 +320,16 @@ def test_push_many_goes_through_enqueue_and_its_middleware_on_redis_and_elsewher
 
     redis_broker = broker_from_url(redis_url, middleware=[See()])
     dispatch = install(outbox, redis_broker)
-    dispatch.push_many([(1, 1, kind), (2, 1, kind), (3, 2, kind)])
+    dispatch.push_many(
+        [(kind, FenceToken(1, 1)), (kind, FenceToken(2, 1)), (kind, FenceToken(3, 2))]
+    )
     client = redis.Redis.from_url(redis_url)
     assert client.llen(f"dramatiq:{dispatch.actors[kind].queue_name}") == len(expected)
     assert seen == expected
 
     other, other_kind = _outbox(make_outbox, schema + "_stub", actions_per_message=per_message)
     stub = StubBroker(middleware=[See()])
-    install(other, stub).push_many([(4, 1, other_kind), (5, 1, other_kind)])
+    install(other, stub).push_many([(other_kind, FenceToken(4, 1)), (other_kind, FenceToken(5, 1))])
     queued = stub.queues[install(other).actors[other_kind].queue_name].qsize()
     assert queued == (1 if per_message > 1 else 2)
     assert seen[-1] == ((4, 1, 5, 1) if per_message > 1 else (5, 1))
@@ -344,7 +348,8 @@ def test_even_chunks_are_the_fewest_of_at_most_most_and_nearly_equal(
 
 
 def test_a_message_that_is_not_pairs_is_refused_by_name() -> None:
-    assert pairs_of(1, 2, ()) == [(1, 2)]
-    assert pairs_of(1, 2, (3, 4)) == [(1, 2), (3, 4)]
+    assert FenceToken.from_args((1, 2)) == [FenceToken(1, 2)]
+    assert FenceToken.from_args((1, 2, 3, 4)) == [FenceToken(1, 2), FenceToken(3, 4)]
+    assert FenceToken.to_args([FenceToken(1, 2), FenceToken(3, 4)]) == (1, 2, 3, 4)
     with pytest.raises(ValueError, match=r"\(action_id, epoch\) pairs, got 3 values"):
-        pairs_of(1, 2, (3,))
+        FenceToken.from_args((1, 2, 3))

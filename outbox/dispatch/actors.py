@@ -1,10 +1,11 @@
 """One Dramatiq actor per kind, joined to a broker by ``install``.
 
 Each actor takes ``(action_id, epoch)``, or several such pairs flattened into one message
-(``actions_per_message``), and hands them to the process's ``WorkerRuntime``, which runs the
-core ``ActionExecutor`` (the code ``drain`` uses) on each, the pairs of one message
-concurrently. The outbox owns retries, so Dramatiq never retries a message; each kind has its
-own queue (``ActionKind.queue_name``), so each adapter can be scaled by a worker pool of its own.
+(``actions_per_message``; ``FenceToken.to_args`` / ``from_args``), and hands their tokens to the
+process's ``WorkerRuntime``, which runs the core ``ActionExecutor`` (the code ``drain`` uses) on
+each, the tokens of one message concurrently. The outbox owns retries, so Dramatiq never
+retries a message; each kind has its own queue (``ActionKind.queue_name``), so each adapter can
+be scaled by a worker pool of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dramatiq.middleware import Middleware
 
 from outbox.dispatch.broker import default_broker
 from outbox.dispatch.runtime import WorkerRuntime
+from outbox.fence_token import BIGINT_MAX, FenceToken
 from outbox.metrics import MetricsExposition, record_malformed_message
 
 if TYPE_CHECKING:
@@ -30,8 +32,8 @@ if TYPE_CHECKING:
 
 #: Dramatiq actor names: one per kind, e.g. ``outbox_email``.
 ACTOR_PREFIX = "outbox_"
-#: An action id and an epoch are PostgreSQL bigints, and both start at 1.
-BIGINT_MAX = 2**63 - 1
+
+__all__ = ["ACTOR_PREFIX", "BIGINT_MAX", "Dispatch", "install", "installed"]
 
 log = logging.getLogger("outbox.dispatch")
 
@@ -51,31 +53,31 @@ class Dispatch:
     def queues(self) -> list[str]:
         return sorted(actor.queue_name for actor in self.actors.values())
 
-    def message(self, kind: str, pairs: Sequence[tuple[int, int]]) -> Message[Any]:
-        """The message of ``pairs`` (``(action_id, epoch)``) of one kind: its arguments are the
-        pairs flattened, so a message of one action is exactly ``(action_id, epoch)``."""
-        return self.actors[kind].message(*(value for pair in pairs for value in pair))
+    def message(self, kind: str, tokens: Sequence[FenceToken]) -> Message[Any]:
+        """The message of ``tokens`` of one kind: its arguments are the tokens flattened
+        (``FenceToken.to_args``), so a message of one action is exactly ``(action_id, epoch)``."""
+        return self.actors[kind].message(*FenceToken.to_args(tokens))
 
-    def messages(self, items: Iterable[tuple[int, int, str]]) -> list[Message[Any]]:
-        """``(action_id, epoch, kind)`` items as messages: per kind, in chunks of at most
+    def messages(self, items: Iterable[tuple[str, FenceToken]]) -> list[Message[Any]]:
+        """``(kind, token)`` items as messages: per kind, in chunks of at most
         ``actions_per_message`` of even size (7 actions at 4 a message go 4 + 3, 9 go 3 + 3 + 3),
         so a round's work spreads over as many messages as it needs and no more."""
-        by_kind: dict[str, list[tuple[int, int]]] = {}
-        for action_id, epoch, kind in items:
-            by_kind.setdefault(kind, []).append((action_id, epoch))
+        by_kind: dict[str, list[FenceToken]] = {}
+        for kind, token in items:
+            by_kind.setdefault(kind, []).append(token)
         per_message = self.outbox.settings.actions_per_message
         return [
             self.message(kind, chunk)
-            for kind, pairs in by_kind.items()
-            for chunk in even_chunks(pairs, per_message)
+            for kind, tokens in by_kind.items()
+            for chunk in even_chunks(tokens, per_message)
         ]
 
-    def push(self, action_id: int, epoch: int, kind: str) -> None:
+    def push(self, kind: str, token: FenceToken) -> None:
         """Puts one ``(action_id, epoch)`` message on the kind's queue."""
-        self.broker.enqueue(self.message(kind, [(action_id, epoch)]))
+        self.broker.enqueue(self.message(kind, [token]))
 
-    def push_many(self, items: Iterable[tuple[int, int, str]]) -> list[Message[Any]]:
-        """Puts ``(action_id, epoch, kind)`` items on their queues, ``messages(items)`` of them:
+    def push_many(self, items: Iterable[tuple[str, FenceToken]]) -> list[Message[Any]]:
+        """Puts ``(kind, token)`` items on their queues, ``messages(items)`` of them:
         on Redis in one pipelined round trip (a round trip a message would be most of the
         claimer's work), elsewhere one message at a time. Returns the messages.
 
@@ -109,27 +111,6 @@ def even_chunks(items: Sequence[T], most: int) -> Iterator[Sequence[T]]:
         end = start + size + (1 if index < larger else 0)
         yield items[start:end]
         start = end
-
-
-def pairs_of(action_id: int, epoch: int, more: Sequence[int]) -> list[tuple[int, int]]:
-    """A message's arguments back as ``(action_id, epoch)`` pairs; ValueError when they are not
-    pairs (a message some other code put on the queue)."""
-    if len(more) % 2:
-        raise ValueError(
-            f"an outbox message holds (action_id, epoch) pairs, got {len(more) + 2} values"
-        )
-    return [(action_id, epoch), *zip(more[::2], more[1::2], strict=True)]
-
-
-def valid_pairs(args: Sequence[Any]) -> list[tuple[int, int]] | None:
-    """A message's arguments as ``(action_id, epoch)`` pairs, or None unless they are a
-    non-empty, even-length list of ints (not bools) with every id and epoch in 1..2**63-1."""
-    if not args or len(args) % 2:
-        return None
-    for value in args:
-        if type(value) is not int or not 1 <= value <= BIGINT_MAX:
-            return None
-    return list(zip(args[::2], args[1::2], strict=True))
 
 
 def _pipelined_redis(broker: Broker) -> tuple[Broker, Any] | None:
@@ -193,8 +174,9 @@ def actor_options(outbox: Outbox, broker: Broker) -> dict[str, Any]:
 
 def _actor_fn(runtime: WorkerRuntime, kind: str) -> Callable[..., None]:
     def run_action(*args: Any) -> None:
-        pairs = valid_pairs(args)
-        if pairs is None:
+        try:
+            tokens = FenceToken.from_args(args)
+        except ValueError:
             # Not the claimer's: dropped here, before its values reach a statement shared with
             # other messages; returning (not raising) keeps Dramatiq from retrying it.
             record_malformed_message(kind)
@@ -206,10 +188,10 @@ def _actor_fn(runtime: WorkerRuntime, kind: str) -> Callable[..., None]:
                 sorted({type(value).__name__ for value in args}),
             )
             return
-        if len(pairs) > 1:
-            runtime.run_many(kind, pairs)
+        if len(tokens) > 1:
+            runtime.run_many(kind, tokens)
         else:
-            runtime.run(kind, *pairs[0])
+            runtime.run(kind, tokens[0])
 
     run_action.__name__ = f"{ACTOR_PREFIX}{kind.lower()}"
     run_action.__qualname__ = run_action.__name__

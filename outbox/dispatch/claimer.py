@@ -1,4 +1,4 @@
-"""The claimer: claims due actions in PostgreSQL and pushes their ``(action_id, epoch)`` pairs.
+"""The claimer: claims due actions in PostgreSQL and pushes their ``FenceToken``s.
 
 Any number of claimers run at once, with no leader. Each round, under a short transaction-scoped
 advisory lock (so replicas together keep the bound), it counts each kind's in-flight actions
@@ -34,6 +34,7 @@ from outbox.dispatch.actors import Dispatch
 from outbox.dispatch.claim_guard import ClaimLockBusy, enter_claim_round
 from outbox.dispatch.consumption import ConsumptionWatch
 from outbox.dispatch.pushing import BrokerGate, OffLoop
+from outbox.fence_token import FenceToken
 from outbox.maintenance import Maintenance
 from outbox.queries import queries_for
 from outbox.store import (
@@ -107,7 +108,8 @@ def bounded_claim_operation(
             if probe is None:
                 waiting, expired = unconsumed > 0, True
             else:
-                (state,) = yield Statement(q["probe_state"], {"id": probe[0], "epoch": probe[1]})
+                params = {"id": probe.action_id, "epoch": probe.epoch}
+                (state,) = yield Statement(q["probe_state"], params)
                 waiting, expired = state["waiting"], state["expired"]
             if not waiting:
                 watch.resume(kind)
@@ -127,7 +129,7 @@ def bounded_claim_operation(
     )
     for item in claimed:
         if item.action.kind in probing:
-            watch.probed(item.action.kind, item.action.id, item.action.epoch)
+            watch.probed(item.action.kind, item.action.token)
     consumed = {kind: n for kind, n in limits.items() if kind not in probing}
     return Round(claimed=claimed, limits=consumed, in_flight=current, folded=folded)
 
@@ -147,7 +149,7 @@ class Claimer:
             raise ValueError(f"no actor installed for kinds {sorted(unknown)}")
         self._listener: psycopg.AsyncConnection[Any] | None = None
         #: Lost leases, expiry, retention and the backlog gauges, each on its own interval.
-        self.maintenance = Maintenance.for_claimer(store, self.settings)
+        self.maintenance = Maintenance.for_claimer(store, self.settings, dispatch.outbox.observers)
         self.watch = ConsumptionWatch()
         self.off_loop = OffLoop(self.settings.push_timeout.total_seconds())
         self.gate = BrokerGate(dispatch.broker, self.off_loop)
@@ -179,7 +181,7 @@ class Claimer:
         """Pushes the claimed actions (after the claim committed), up to ``actions_per_message``
         a message; returns those whose push failed. Blocking: ``run_once`` runs it off the event
         loop (``push_off_loop``)."""
-        items = [(c.action.id, c.action.epoch, c.action.kind) for c in claimed]
+        items = [(c.action.kind, c.action.token) for c in claimed]
         try:
             self.dispatch.push_many(items)
             return []
@@ -192,7 +194,7 @@ class Claimer:
                 len(claimed),
                 one_line(error),
             )
-        by_key = {(c.action.id, c.action.epoch): c for c in claimed}
+        by_token = {c.action.token: c for c in claimed}
         messages = self.dispatch.messages(items)
         for index, message in enumerate(messages):
             try:
@@ -200,7 +202,7 @@ class Claimer:
             except Exception as error:
                 log.warning("push failed (%s)", one_line(error))
                 args = [value for rest in messages[index:] for value in rest.args]
-                return [by_key[(i, e)] for i, e in zip(args[::2], args[1::2], strict=True)]
+                return [by_token[token] for token in FenceToken.from_args(args)]
         return []
 
     async def push_off_loop(self, claimed: list[ClaimedAction]) -> int:
@@ -221,13 +223,13 @@ class Claimer:
     async def give_back(self, unpushed: list[ClaimedAction]) -> None:
         """Claims whose push failed become due again now (``release_claims``), unless a worker
         took them meanwhile; a failure here leaves them to their lease."""
-        pairs = [(c.action.id, c.action.epoch) for c in unpushed]
+        tokens = [c.action.token for c in unpushed]
         try:
-            released = await self.store.run(release_claims_operation(self.store.schema, pairs))
+            released = await self.store.run(release_claims_operation(self.store.schema, tokens))
         except (psycopg.Error, OSError) as error:
             log.warning(
                 "giving back %s claims failed (%s); they are reclaimed after their lease",
-                len(pairs),
+                len(tokens),
                 one_line(error),
             )
             return
@@ -235,7 +237,7 @@ class Claimer:
         log.warning(
             "gave back %s of %s claims whose push failed (due again now; the rest was taken)",
             len(released),
-            len(pairs),
+            len(tokens),
         )
 
     async def housekeep_if_due(self) -> None:

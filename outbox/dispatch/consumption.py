@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass, field
 
 from outbox import metrics
+from outbox.fence_token import FenceToken
 
 log = logging.getLogger("outbox.claimer")
 
@@ -23,13 +24,13 @@ log = logging.getLogger("outbox.claimer")
 class ConsumptionWatch:
     """One claimer's view: the probe it has out for each kind whose claims went unconsumed."""
 
-    probes: dict[str, tuple[int, int] | None] = field(default_factory=dict)
+    probes: dict[str, FenceToken | None] = field(default_factory=dict)
 
     def stalled(self, kind: str) -> bool:
         return kind in self.probes
 
-    def probe(self, kind: str) -> tuple[int, int] | None:
-        """The ``(action_id, epoch)`` of the kind's outstanding probe, if one went out."""
+    def probe(self, kind: str) -> FenceToken | None:
+        """The claim of the kind's outstanding probe, if one went out."""
         return self.probes.get(kind)
 
     def stall(self, kind: str, unconsumed: int) -> None:
@@ -46,8 +47,8 @@ class ConsumptionWatch:
             extra={"event": "claiming_stalled", "kind": kind, "unconsumed": unconsumed},
         )
 
-    def probed(self, kind: str, action_id: int, epoch: int) -> None:
-        self.probes[kind] = (action_id, epoch)
+    def probed(self, kind: str, token: FenceToken) -> None:
+        self.probes[kind] = token
 
     def resume(self, kind: str) -> None:
         """A worker took the probe: the kind's claims are consumed again."""

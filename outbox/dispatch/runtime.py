@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from dramatiq.asyncio import EventLoopThread
 from dramatiq.middleware import Interrupt
 
-from outbox import metrics
 from outbox.connecting import wait_for_database
 from outbox.executor import ActionExecutor, Outcome
+from outbox.fence_token import FenceToken
 
 if TYPE_CHECKING:
     from outbox.outbox import Outbox
@@ -44,12 +44,13 @@ START_TIMEOUT = 30.0
 
 
 class WorkerRuntime:
-    """Runs ``(action_id, epoch)`` pairs from messages through the core ``ActionExecutor``.
+    """Runs the ``FenceToken``s of messages through the core ``ActionExecutor``.
 
     Guarantees: a message runs the adapter only if its epoch still holds and no other delivery
-    of that epoch took it first (``Store.take_attempt``); any other message is dropped, logged
-    and counted as an ``abandoned`` attempt. The attempt's deadline is its lease by the database
-    clock, measured from before the take, so the executor ends it before the lease does.
+    of that epoch took it first (``Store.take_attempt``); any other message is dropped and
+    reported to the executor's observers (logged, and counted as an ``abandoned`` attempt).
+    The attempt's deadline is its lease by the database clock, measured from before the take,
+    so the executor ends it before the lease does.
     """
 
     def __init__(self, outbox: Outbox) -> None:
@@ -126,19 +127,19 @@ class WorkerRuntime:
             self._opening = self._stopping = None
             self._pid = None
 
-    def run(self, kind: str, action_id: int, epoch: int) -> Outcome | None:
+    def run(self, kind: str, token: FenceToken) -> Outcome | None:
         """Runs one message on this process's loop; None when it was dropped as Abandoned.
 
         A Dramatiq time limit (or shutdown) interrupting the calling thread cancels the attempt.
         """
         self.start()
         assert self._thread is not None
-        return run_on_loop(self._thread.loop, lambda: self._run(kind, action_id, epoch))
+        return run_on_loop(self._thread.loop, lambda: self._run(kind, token))
 
-    def run_many(self, kind: str, pairs: Sequence[tuple[int, int]]) -> list[Outcome | None]:
-        """Runs the ``(action_id, epoch)`` pairs of one message concurrently on this process's
-        loop (their takes, fences and ends share group-commit statements); each pair is taken,
-        run and finished on its own, exactly as a message of its own would be.
+    def run_many(self, kind: str, tokens: Sequence[FenceToken]) -> list[Outcome | None]:
+        """Runs the tokens of one message concurrently on this process's loop (their takes,
+        fences and finishes share group-commit statements); each is taken, run and finished on
+        its own, exactly as a message of its own would be.
 
         Every attempt ends before this returns; if any raised (a database error: the action is
         then left to its lease), the first error is raised after the rest ended, so Dramatiq
@@ -146,34 +147,28 @@ class WorkerRuntime:
         """
         self.start()
         assert self._thread is not None
-        outcomes = run_on_loop(self._thread.loop, lambda: self._run_all(kind, pairs))
+        outcomes = run_on_loop(self._thread.loop, lambda: self._run_all(kind, tokens))
+        finished: list[Outcome | None] = []
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
-        return outcomes  # type: ignore[return-value]
+            finished.append(outcome)
+        return finished
 
     async def _run_all(
-        self, kind: str, pairs: Sequence[tuple[int, int]]
+        self, kind: str, tokens: Sequence[FenceToken]
     ) -> list[Outcome | BaseException | None]:
         return await asyncio.gather(
-            *(self._run(kind, action_id, epoch) for action_id, epoch in pairs),
-            return_exceptions=True,
+            *(self._run(kind, token) for token in tokens), return_exceptions=True
         )
 
-    async def _run(self, kind: str, action_id: int, epoch: int) -> Outcome | None:
+    async def _run(self, kind: str, token: FenceToken) -> Outcome | None:
         executor = self._executor or await self._ready()
         # Taken before the statement, so the local deadline never outlives the database lease.
         started = time.monotonic()
-        claimed = await executor.store.take_attempt(action_id, epoch)
+        claimed = await executor.store.take_attempt(token)
         if claimed is None:
-            metrics.record_attempt(kind, "abandoned", False)
-            log.info(
-                "abandoned message for action %s epoch %s (kind %s): the epoch moved, "
-                "the action ended, or another delivery took it",
-                action_id,
-                epoch,
-                kind,
-            )
+            executor.observers.take_refused(kind, token)
             return None
         return await executor.run(claimed, started)
 

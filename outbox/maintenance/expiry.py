@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,7 @@ from outbox.maintenance.service import MaintenanceService
 from outbox.queries import queries_for
 
 if TYPE_CHECKING:
+    from outbox.observers import ExecutorObserver
     from outbox.store import Store
 
 #: Most actions one turn expires (``SKIP LOCKED``, earliest expiry first); the rest wait a turn.
@@ -31,11 +33,18 @@ class Expiry(MaintenanceService):
     name = "expiry"
     failure = "expiring waiting actions failed; trying again at the next housekeeping"
 
-    def __init__(self, interval: timedelta, limit: int = EXPIRY_LIMIT) -> None:
+    def __init__(
+        self,
+        interval: timedelta,
+        limit: int = EXPIRY_LIMIT,
+        observers: Iterable[ExecutorObserver] | None = None,
+    ) -> None:
         super().__init__(interval)
         self.limit = limit
+        #: Who hears of the ends (an ``Outbox``'s observers; by default metrics and logs).
+        self.observers = observers
 
     async def run(self, store: Store) -> int:
         ended = await store.run(expire_waiting_operation(store.schema, self.limit))
-        report_housekeeping(ended)
+        report_housekeeping(ended, self.observers)
         return len(ended)

@@ -7,6 +7,7 @@ effect may exist) and any action whose last attempt a worker took (FAILED
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ from outbox.maintenance.service import MaintenanceService
 from outbox.queries import queries_for
 
 if TYPE_CHECKING:
+    from outbox.observers import ExecutorObserver
     from outbox.store import Store
 
 #: Most actions one turn ends (``SKIP LOCKED``, oldest lease first); the rest wait a turn.
@@ -35,11 +37,18 @@ class LostLeases(MaintenanceService):
     name = "lost_leases"
     failure = "ending lost leases failed; trying again at the next housekeeping"
 
-    def __init__(self, interval: timedelta, limit: int = LOST_LEASES_LIMIT) -> None:
+    def __init__(
+        self,
+        interval: timedelta,
+        limit: int = LOST_LEASES_LIMIT,
+        observers: Iterable[ExecutorObserver] | None = None,
+    ) -> None:
         super().__init__(interval)
         self.limit = limit
+        #: Who hears of the ends (an ``Outbox``'s observers; by default metrics and logs).
+        self.observers = observers
 
     async def run(self, store: Store) -> int:
         ended = await store.run(end_lost_leases_operation(store.schema, self.limit))
-        report_housekeeping(ended)
+        report_housekeeping(ended, self.observers)
         return len(ended)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -21,6 +21,7 @@ from outbox.maintenance.service import MaintenanceService
 
 if TYPE_CHECKING:
     from outbox.config import Settings
+    from outbox.observers import ExecutorObserver
     from outbox.store import Store
 
 # The logger operators already filter on for housekeeping failures.
@@ -40,24 +41,38 @@ class Maintenance:
         self.failures: dict[str, int] = dict.fromkeys((s.name for s in self.services), 0)
 
     @classmethod
-    def for_claimer(cls, store: Store, settings: Settings) -> Maintenance:
-        """Every service, each every ``settings.housekeeping_interval``."""
+    def for_claimer(
+        cls,
+        store: Store,
+        settings: Settings,
+        observers: Iterable[ExecutorObserver] | None = None,
+    ) -> Maintenance:
+        """Every service, each every ``settings.housekeeping_interval``; the ends are reported
+        to ``observers``."""
         every = settings.housekeeping_interval
         return cls(
             store,
             [
-                LostLeases(every),
-                Expiry(every),
+                LostLeases(every, observers=observers),
+                Expiry(every, observers=observers),
                 Retention(every, settings.retention),
                 BacklogGauges(every),
             ],
         )
 
     @classmethod
-    def for_drain(cls, store: Store) -> Maintenance:
+    def for_drain(
+        cls, store: Store, observers: Iterable[ExecutorObserver] | None = None
+    ) -> Maintenance:
         """What ``outbox.testing.drain`` needs before each of its rounds: lost leases and expiry,
         at every call (tests prune and read gauges themselves)."""
-        return cls(store, [LostLeases(timedelta(0)), Expiry(timedelta(0))])
+        return cls(
+            store,
+            [
+                LostLeases(timedelta(0), observers=observers),
+                Expiry(timedelta(0), observers=observers),
+            ],
+        )
 
     async def run_due(self) -> int:
         """Runs every service whose turn has come; returns how many ran (failed ones included)."""

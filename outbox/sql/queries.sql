@@ -245,8 +245,8 @@ SELECT set_config('lock_timeout', %(lock_timeout)s, true),
 UPDATE {schema}.agent_action a
    SET state = 'ADMITTED', available_at = now(), lease_until = NULL
   FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
- WHERE a.id = ANY(%(ids)s::bigint[])  -- primary-key probes, never a scan of EXECUTING rows
-   AND a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+ WHERE a.id = m.id  -- a primary-key probe per row (see take_attempts)
+   AND a.epoch = m.epoch AND a.state = 'EXECUTING'
    AND a.taken_epoch IS DISTINCT FROM a.epoch
    AND a.write_started_at IS NULL
 RETURNING a.id, a.epoch
@@ -265,22 +265,16 @@ UPDATE {schema}.agent_action SET write_started_at = now()
    AND lease_until - now() >= %(margin)s
 RETURNING id
 
--- name: finish_end
--- The attempt ends the action (DONE, UNCERTAIN, FAILED, CANCELLED), if its epoch still holds.
-UPDATE {schema}.agent_action
-   SET state = %(state)s, stop_reason = %(reason)s, readback_ref = %(ref)s,
-       retry_reason = coalesce(%(cause)s, retry_reason), payload = NULL, ended_at = now()
- WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
-RETURNING id
-
 -- name: take_attempts
 -- take_attempt for many messages in one statement (outbox/batching.py): each row keeps its own
--- epoch and once-per-epoch check.
+-- epoch and once-per-epoch check. The batched statements reach each row by `a.id = m.id`
+-- alone, so the plan probes the primary key once per batch row (or hashes the batch): an
+-- `a.id = ANY(ids)` scan beside it let the generic plan join the batch in a nested loop with a
+-- join filter, n x n comparisons (65,280 at 256 rows).
 UPDATE {schema}.agent_action a
    SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
   FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
- WHERE a.id = ANY(%(ids)s::bigint[])  -- primary-key probes, never a scan of EXECUTING rows
-   AND a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+ WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
    AND a.taken_epoch IS DISTINCT FROM a.epoch
 RETURNING a.*, a.lease_until - now() AS lease_left
 
@@ -289,40 +283,39 @@ RETURNING a.*, a.lease_until - now() AS lease_left
 UPDATE {schema}.agent_action a SET write_started_at = now()
   FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(margins)s::interval[])
        AS m(id, epoch, margin)
- WHERE a.id = ANY(%(ids)s::bigint[])  -- primary-key probes, never a scan of EXECUTING rows
-   AND a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+ WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'  -- see take_attempts
    AND a.lease_until - now() >= m.margin
 RETURNING a.id, a.epoch
 
--- name: finish_ends
--- finish_end for many attempts in one statement: each row keeps its own epoch check.
+-- name: finish_many
+-- Every attempt's finish, for one attempt or many in one statement (outbox/batching.py), each
+-- row only if its epoch still holds (outbox.results.Finish says what a row means). An end
+-- (DONE, UNCERTAIN, FAILED, CANCELLED) sets its stop reason and readback_ref, keeps the last
+-- retry's reason unless given one (the cause of ATTEMPTS_EXHAUSTED), drops the payload and sets
+-- ended_at. A wait (ADMITTED: a retry, a deferral) is due again `after` from now with its
+-- retry_reason, its lease and fence cleared (the write's start kept as earlier_write_at, for a
+-- read-back adapter), and a deferral gives its attempt back. Rows as in take_attempts.
 UPDATE {schema}.agent_action a
-   SET state = m.state, stop_reason = m.reason, readback_ref = m.ref,
-       retry_reason = coalesce(m.cause, a.retry_reason), payload = NULL, ended_at = now()
-  FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(states)s::text[], %(reasons)s::text[],
-              %(refs)s::text[], %(causes)s::text[]) AS m(id, epoch, state, reason, ref, cause)
- WHERE a.id = ANY(%(ids)s::bigint[])  -- primary-key probes, never a scan of EXECUTING rows
-   AND a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+   SET state = m.state,
+       stop_reason = CASE WHEN m.waits THEN a.stop_reason ELSE m.stop_reason END,
+       readback_ref = CASE WHEN m.waits THEN a.readback_ref ELSE m.ref END,
+       retry_reason = CASE WHEN m.waits THEN m.retry_reason
+                           ELSE coalesce(m.retry_reason, a.retry_reason) END,
+       available_at = CASE WHEN m.waits THEN now() + m.after ELSE a.available_at END,
+       attempt = a.attempt - m.gives_back::int,
+       earlier_write_at = CASE WHEN m.waits THEN coalesce(a.write_started_at, a.earlier_write_at)
+                               ELSE a.earlier_write_at END,
+       write_started_at = CASE WHEN m.waits THEN NULL ELSE a.write_started_at END,
+       lease_until = CASE WHEN m.waits THEN NULL ELSE a.lease_until END,
+       payload = CASE WHEN m.waits THEN a.payload END,
+       ended_at = CASE WHEN m.waits THEN a.ended_at ELSE now() END
+  FROM (SELECT u.*, u.state = 'ADMITTED' AS waits
+          FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(states)s::text[],
+                      %(stop_reasons)s::text[], %(refs)s::text[], %(retry_reasons)s::text[],
+                      %(afters)s::interval[], %(gives_back)s::boolean[])
+               AS u(id, epoch, state, stop_reason, ref, retry_reason, after, gives_back)) m
+ WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
 RETURNING a.id, a.epoch
-
--- name: finish_retry
--- A retry: waiting again after `after`, fence and lease cleared (the write's start kept as
--- earlier_write_at for a read-back adapter), if the epoch holds.
-UPDATE {schema}.agent_action
-   SET state = 'ADMITTED', available_at = now() + %(after)s, retry_reason = %(reason)s,
-       earlier_write_at = coalesce(write_started_at, earlier_write_at),
-       lease_until = NULL, write_started_at = NULL
- WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
-RETURNING id
-
--- name: finish_defer
--- A deferral: like a retry, and the attempt is given back.
-UPDATE {schema}.agent_action
-   SET state = 'ADMITTED', available_at = now() + %(after)s, attempt = attempt - 1,
-       retry_reason = %(reason)s, earlier_write_at = coalesce(write_started_at, earlier_write_at),
-       lease_until = NULL, write_started_at = NULL
- WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
-RETURNING id
 
 -- name: make_due
 -- Tests only (outbox.testing.drain): every admitted action that waits becomes due now.
