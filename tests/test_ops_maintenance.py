@@ -90,7 +90,7 @@ async def test_lost_leases_end_uncertain_after_a_write_else_failed_a_bounded_num
     async with outbox.store() as store:
         claimed = await store.claim({ONCE.name: 10}, outbox.settings.lease)  # taken: attempt 1
         wrote = next(c.action for c in claimed if c.action.idempotency_key == "wrote")
-        assert await store.begin_write(wrote.id, wrote.epoch, NOW)
+        assert await store.begin_write(wrote.token, NOW)
         sql(database_url, f'UPDATE "{schema}".agent_action SET lease_until = now()')
         lost = LostLeases(NOW, limit=2)
         with caplog.at_level(logging.WARNING, logger="outbox.executor"):
