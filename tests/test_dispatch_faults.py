@@ -1,4 +1,4 @@
-"""Dispatch under faults, with real processes and private servers (tests/private_servers.py): a
+"""Dispatch under faults, with real processes and private servers (benchmarks/chaos/servers.py): a
 claimer paused inside its claim round, a broker stopped or stalled, PostgreSQL down at start,
 and forged messages on a real queue. The shared services are never stopped."""
 
@@ -22,6 +22,7 @@ from dispatch_support import APP, REPO, DispatchRig, assert_lanes_held
 from hypothesis import given
 from hypothesis import strategies as st
 
+from benchmarks.chaos.servers import PrivatePostgres, PrivateRedis
 from outbox import ActionRequest
 from outbox.dispatch import Claimer, broker_from_url, install
 from outbox.dispatch.actors import BIGINT_MAX
@@ -29,7 +30,6 @@ from outbox.dispatch.processes import OutboxProcess, start_claimer, start_worker
 from outbox.fence_token import FenceToken
 from outbox.store import release_claims_operation
 from tests.apps import dispatch_app
-from tests.private_servers import PrivatePostgres, PrivateRedis
 
 FAST = {
     "OUTBOX_LEASE_SECONDS": "30",
