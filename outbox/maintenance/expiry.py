@@ -7,15 +7,11 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from outbox._io import Operation, Statement
-from outbox.executor import report_housekeeping
-from outbox.maintenance.ended import EndedByHousekeeping, ended_from_rows
-from outbox.maintenance.service import MaintenanceService
-from outbox.queries import queries_for
+from outbox._io import Operation
+from outbox.maintenance.ended import EndedByHousekeeping, EndingService, ending_operation
 
 if TYPE_CHECKING:
     from outbox.observers import ExecutorObserver
-    from outbox.store import Store
 
 #: Most actions one turn expires (``SKIP LOCKED``, earliest expiry first); the rest wait a turn.
 EXPIRY_LIMIT = 1000
@@ -25,11 +21,10 @@ def expire_waiting_operation(
     schema: str, limit: int = EXPIRY_LIMIT
 ) -> Operation[list[EndedByHousekeeping]]:
     """Ends up to ``limit`` waiting actions past their expiry; returns what it ended."""
-    rows = yield Statement(queries_for(schema)["expire_waiting"], {"limit": limit})
-    return ended_from_rows(rows)
+    return (yield from ending_operation(schema, "expire_waiting", limit))
 
 
-class Expiry(MaintenanceService):
+class Expiry(EndingService):
     name = "expiry"
     failure = "expiring waiting actions failed; trying again at the next housekeeping"
 
@@ -39,12 +34,7 @@ class Expiry(MaintenanceService):
         limit: int = EXPIRY_LIMIT,
         observers: Iterable[ExecutorObserver] | None = None,
     ) -> None:
-        super().__init__(interval)
-        self.limit = limit
-        #: Who hears of the ends (an ``Outbox``'s observers; by default metrics and logs).
-        self.observers = observers
+        super().__init__(interval, limit, observers)
 
-    async def run(self, store: Store) -> int:
-        ended = await store.run(expire_waiting_operation(store.schema, self.limit))
-        report_housekeeping(ended, self.observers)
-        return len(ended)
+    def operation(self, schema: str) -> Operation[list[EndedByHousekeeping]]:
+        return expire_waiting_operation(schema, self.limit)

@@ -11,15 +11,11 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from outbox._io import Operation, Statement
-from outbox.executor import report_housekeeping
-from outbox.maintenance.ended import EndedByHousekeeping, ended_from_rows
-from outbox.maintenance.service import MaintenanceService
-from outbox.queries import queries_for
+from outbox._io import Operation
+from outbox.maintenance.ended import EndedByHousekeeping, EndingService, ending_operation
 
 if TYPE_CHECKING:
     from outbox.observers import ExecutorObserver
-    from outbox.store import Store
 
 #: Most actions one turn ends (``SKIP LOCKED``, oldest lease first); the rest wait a turn.
 LOST_LEASES_LIMIT = 1000
@@ -29,11 +25,10 @@ def end_lost_leases_operation(
     schema: str, limit: int = LOST_LEASES_LIMIT
 ) -> Operation[list[EndedByHousekeeping]]:
     """Ends up to ``limit`` lost leases that may not run again; returns what it ended."""
-    rows = yield Statement(queries_for(schema)["end_lost_leases"], {"limit": limit})
-    return ended_from_rows(rows)
+    return (yield from ending_operation(schema, "end_lost_leases", limit))
 
 
-class LostLeases(MaintenanceService):
+class LostLeases(EndingService):
     name = "lost_leases"
     failure = "ending lost leases failed; trying again at the next housekeeping"
 
@@ -43,12 +38,7 @@ class LostLeases(MaintenanceService):
         limit: int = LOST_LEASES_LIMIT,
         observers: Iterable[ExecutorObserver] | None = None,
     ) -> None:
-        super().__init__(interval)
-        self.limit = limit
-        #: Who hears of the ends (an ``Outbox``'s observers; by default metrics and logs).
-        self.observers = observers
+        super().__init__(interval, limit, observers)
 
-    async def run(self, store: Store) -> int:
-        ended = await store.run(end_lost_leases_operation(store.schema, self.limit))
-        report_housekeeping(ended, self.observers)
-        return len(ended)
+    def operation(self, schema: str) -> Operation[list[EndedByHousekeeping]]:
+        return end_lost_leases_operation(schema, self.limit)
