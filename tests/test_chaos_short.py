@@ -102,6 +102,7 @@ def action(action_id: int, state: str = "DONE", **extra: Any) -> dict[str, Any]:
         "attempt": 1,
         "lane_key": "l1",
         "write_started_at": None,
+        "earlier_write_at": None,
         "lease_until": at(100),
     }
     return {**row, **extra}
@@ -167,6 +168,8 @@ def test_read_back_check_allows_one_effect_only_after_a_write_began() -> None:
     assert checks.readback_once(ev).ok
     ev.issue_markers["m1"] = 2
     assert not checks.readback_once(ev).ok
+    retried = action(1, "CANCELLED", stop_reason="EXPIRED", earlier_write_at=at(0.5))
+    assert checks.readback_once(evidence(actions={1: retried, 2: action(2)})).ok
     never_written = evidence(actions={1: action(1, "CANCELLED"), 2: action(2)})
     assert not checks.readback_once(never_written).ok
 

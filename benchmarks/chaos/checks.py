@@ -96,7 +96,7 @@ class Evidence:
                 r["id"]: r
                 for r in rows(
                     "SELECT id, kind, state, stop_reason, epoch, attempt, max_attempts, lane_key,"
-                    f" write_started_at, lease_until FROM {o}.agent_action"
+                    f" write_started_at, earlier_write_at, lease_until FROM {o}.agent_action"
                 )
             },
             attempts=rows(f"SELECT * FROM {w}.attempt ORDER BY started_at, id"),
@@ -195,12 +195,12 @@ def no_message_id_twice(ev: Evidence) -> Check:
 
 def ended_after_a_write(action: dict[str, Any] | None) -> bool:
     """A read-back action that ended FAILED or CANCELLED after one of its attempts passed its
-    fence (a retry after an ambiguous answer that then expired or ran out of attempts): its
-    effect may exist once."""
+    fence (a retry after an ambiguous answer, which keeps that as ``earlier_write_at``, that
+    then expired or ran out of attempts): its effect may exist once."""
     return (
         action is not None
         and action["state"] in ("FAILED", "CANCELLED")
-        and action["write_started_at"] is not None
+        and (action["write_started_at"] or action.get("earlier_write_at")) is not None
     )
 
 

@@ -183,7 +183,7 @@ class Soak:
             fleet = self.fleet = Fleet(env, REPO, watch, s.watch)
             fleet.start()
             self.log(
-                f"fleet up; {len(mix)} actions over {o.duration:.0f}s, a kill every "
+                f"fleet up; {o.actions} actions over {o.duration:.0f}s, a kill every "
                 f"~{o.kill_interval}s, schema {s.outbox}"
             )
             plan = faults.schedule(o.duration, o.lease, self.pg is not None) if o.faults else []

@@ -42,8 +42,8 @@ ACCOUNT_SHARE = 0.15
 EXPIRING_SHARE = 0.05
 #: Webhook event types; subscription slot i takes type ``i % EVENT_TYPES``, so each event goes
 #: to WEBHOOK_SLOTS / EVENT_TYPES subscriptions (each a lane of its own).
-EVENT_TYPES = 8
-WEBHOOK_SLOTS = 16
+EVENT_TYPES = 32
+WEBHOOK_SLOTS = 64
 #: The issue every thread reply of the chat answers to.
 THREAD_TS = "1700000000.000100"
 #: The HTTP kinds' faults on the first write (``receivers``), with their odds.
