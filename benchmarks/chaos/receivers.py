@@ -309,6 +309,16 @@ def handler_for(providers: Providers) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up (its timeout, a reset fault, a killed worker) closes its end:
+        # expected here, not worth a traceback.
+        if not isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            super().handle_error(request, client_address)
+
+
 def serve(database_url: str, world: str, port: int, ready: Callable[[str], None]) -> None:
     pool = ConnectionPool(
         database_url,
@@ -322,8 +332,7 @@ def serve(database_url: str, world: str, port: int, ready: Callable[[str], None]
     pool.open(wait=True)
     providers = Providers(pool, world)
     providers.base = f"http://127.0.0.1:{port}"
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler_for(providers))
-    server.daemon_threads = True
+    server = QuietServer(("127.0.0.1", port), handler_for(providers))
     ready(f"{READY} on port {port}")
     server.serve_forever()
 
