@@ -14,7 +14,7 @@ from benchmarks.chaos.soak import DEFAULT_BROKER_URL, DEFAULT_DATABASE_URL, Opti
 #: ``--short``: the CI version, about two and a half minutes end to end.
 SHORT = {"actions": 2500, "duration": 40.0, "kill_interval": 3.0}
 #: Without ``--short``: the long run (docs/chaos.md).
-LONG = {"actions": 12000, "duration": 330.0, "kill_interval": 4.0}
+LONG = {"actions": 7000, "duration": 300.0, "kill_interval": 4.0}
 
 
 def main(argv: list[str] | None = None) -> int:

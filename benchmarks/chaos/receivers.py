@@ -262,6 +262,11 @@ def handler_for(providers: Providers) -> type[BaseHTTPRequestHandler]:
         def _any(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             body = self.rfile.read(length) if length else b""
+            if len(body) < length:
+                # The client died mid-request (a SIGKILLed worker): no request arrived, so
+                # nothing is taken and no signature is judged.
+                self.close_connection = True
+                return
             parts = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
             headers = {k.lower(): v for k, v in self.headers.items()}
