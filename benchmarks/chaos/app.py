@@ -1,14 +1,15 @@
 """The application the soak's claimer and worker processes load:
 ``benchmarks.chaos.app:make_outbox``.
 
-Two kinds:
+The built-in kinds, each through its real adapter, wrapped only to record each attempt and to
+pause where the action asks for it (``linger`` after the fence, ``linger_after`` after the
+adapter returned):
 
-- the built-in ``EMAIL`` (at-most-once) through the real ``EmailAdapter`` to the soak's SMTP sink
-  (``OUTBOX_SMTP_URL``), wrapped only to record each attempt and to pause after the fence when
-  the event asks for it (``linger``);
-- ``CHAOS_COMMENT`` (read-back) through ``CommentAdapter`` to the comment store.
+- ``EMAIL`` (at-most-once) to the soak's SMTP sink (``OUTBOX_SMTP_URL``);
+- ``WEBHOOK``, ``ISSUE_COMMENT`` and ``CHAT_REPLY`` (read-back) to the soak's HTTP providers
+  (``benchmarks.chaos.receivers``), configured by their own ``OUTBOX_*`` settings.
 
-The world and watch schemas come from ``CHAOS_WORLD_SCHEMA`` and ``CHAOS_WATCH_SCHEMA``.
+The watch schema (where attempts are recorded) comes from ``CHAOS_WATCH_SCHEMA``.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-from benchmarks.chaos.comments import COMMENT, CommentAdapter, CommentStore
 from benchmarks.chaos.recording import Recorder, run_recorded
-from outbox import EMAIL, ActionAttempt, Outbox, Result
+from outbox import EMAIL, ActionAdapter, ActionAttempt, Outbox, Result
+from outbox.chat_reply import CHAT_REPLY, ChatReplyAdapter
 from outbox.email import EmailAdapter, EmailNotice, PreparedEmail, SmtpSettings
+from outbox.issue_comment import ISSUE_COMMENT, IssueCommentAdapter
+from outbox.webhook import WEBHOOK, WebhookAdapter
 
 #: The sender of every soak email (its domain is in every Message-ID).
 SENDER = "Chaos Soak <soak@chaos.example.com>"
@@ -66,11 +69,42 @@ class RecordedEmailAdapter(EmailAdapter):
         return await run_recorded(self.recorder, attempt, linger, super().execute)
 
 
-def build(database_url: str, schema: str, world: str, watch: str) -> Outbox:
+def knobs(payload: Any) -> Mapping[str, Any]:
+    """The soak's pauses for one action: ``payload["chaos"]`` (issue comments, chat replies) or
+    the webhook's ``data["chaos"]``; the adapters ignore both."""
+    if not isinstance(payload, dict):
+        return {}
+    data = payload.get("data")
+    found = payload.get("chaos") or (data.get("chaos") if isinstance(data, dict) else None)
+    return found if isinstance(found, dict) else {}
+
+
+class RecordedAdapter:
+    """A built-in read-back adapter, its attempts recorded (see ``recording``)."""
+
+    def __init__(self, inner: ActionAdapter, recorder: Recorder) -> None:
+        self.inner = inner
+        self.recorder = recorder
+
+    async def execute(self, attempt: ActionAttempt) -> Result:
+        chaos = knobs(attempt.payload)
+        return await run_recorded(
+            self.recorder,
+            attempt,
+            float(chaos.get("linger", 0)),
+            self.inner.execute,
+            float(chaos.get("linger_after", 0)),
+        )
+
+
+def build(database_url: str, schema: str, watch: str) -> Outbox:
     outbox = Outbox(database_url, schema=schema)
     recorder = Recorder(database_url, watch)
     outbox.register(EMAIL, RecordedEmailAdapter(SmtpSettings.from_env(), recorder))
-    outbox.register(COMMENT, CommentAdapter(CommentStore(database_url, world), recorder))
+    webhooks = WebhookAdapter(database_url, schema=schema)
+    outbox.register(WEBHOOK, RecordedAdapter(webhooks, recorder))
+    outbox.register(ISSUE_COMMENT, RecordedAdapter(IssueCommentAdapter(), recorder))
+    outbox.register(CHAT_REPLY, RecordedAdapter(ChatReplyAdapter(), recorder))
     return outbox
 
 
@@ -80,6 +114,5 @@ def make_outbox() -> Outbox:
     return build(
         os.environ["OUTBOX_DATABASE_URL"],
         os.environ["OUTBOX_SCHEMA"],
-        os.environ["CHAOS_WORLD_SCHEMA"],
         os.environ["CHAOS_WATCH_SCHEMA"],
     )

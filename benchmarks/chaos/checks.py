@@ -1,7 +1,8 @@
 """The guarantees, checked from what PostgreSQL holds once the soak has ended.
 
-Every check reads committed rows only: the outbox's ``agent_action``, the world (comments, the
-Message-IDs the sink accepted) and the watch (attempts, takes, process ends, erasures, injected
+Every check reads committed rows only: the outbox's ``agent_action``, the world (the Message-IDs
+the sink accepted; the webhook deliveries, issue comments and chat messages the HTTP providers
+took) and the watch (attempts, takes, process ends, erasures, injected
 faults, enqueued ids).
 Each gives a count of what it examined and the violations it found; one violation fails the run.
 """
@@ -30,6 +31,12 @@ OPEN = datetime.max.replace(tzinfo=UTC)
 #: How long after a database restart a pooled connection it broke may still fail a write: such a
 #: connection fails on its next use, whenever that comes.
 RESTART_AFTERMATH = timedelta(seconds=60)
+#: The read-back kinds the soak runs (``<watch>.enqueued.kind``), and those whose effect is found
+#: by a marker (the webhook's is found by its webhook-id at the receiver).
+READ_BACK = ("webhook", "issue_comment", "chat_reply")
+MARKED = ("issue_comment", "chat_reply")
+#: What a read-back kind's stop reason holds when its read-back could not answer.
+READBACK_REASON = "_READBACK_"
 
 
 @dataclass
@@ -52,7 +59,6 @@ class Evidence:
     attempts: list[dict[str, Any]]
     ends: list[dict[str, Any]]
     erasures: list[dict[str, Any]]
-    comments: Counter[str]
     accepted: Counter[str]
     #: The ids each erasure was expected to delete (enqueued for that account before it).
     expected_erased: dict[str, set[int]]
@@ -60,6 +66,15 @@ class Evidence:
     takes: Counter[int] = field(default_factory=Counter)
     #: Injected faults besides the SIGKILLs (``<watch>.fault``): name, before, after.
     faults: list[dict[str, Any]] = field(default_factory=list)
+    #: Per webhook event (``<key>@<slot>``), how often the receiver took each webhook-id.
+    deliveries: dict[str, Counter[str]] = field(default_factory=dict)
+    #: Requests the webhook receiver refused for their signature.
+    bad_signatures: int = 0
+    #: How many comments / chat messages carry each marker.
+    issue_markers: Counter[str] = field(default_factory=Counter)
+    chat_markers: Counter[str] = field(default_factory=Counter)
+    #: The HTTP providers' faults met, per fault (``receivers``).
+    http_faults: Counter[str] = field(default_factory=Counter)
 
     @classmethod
     def load(
@@ -71,25 +86,35 @@ class Evidence:
             return cur.execute(query).fetchall()
 
         w, o, t = f'"{s.watch}"', f'"{s.outbox}"', f'"{s.world}"'
+        deliveries: dict[str, Counter[str]] = defaultdict(Counter)
+        for r in rows(f"SELECT event, webhook_id FROM {t}.webhook_delivery"):
+            deliveries[r["event"]][r["webhook_id"]] += 1
+        bad = rows(f"SELECT count(*) AS n FROM {t}.webhook_bad_signature")[0]["n"]
         return cls(
             enqueued={r["action_id"]: r for r in rows(f"SELECT * FROM {w}.enqueued")},
             actions={
                 r["id"]: r
                 for r in rows(
                     "SELECT id, kind, state, stop_reason, epoch, attempt, max_attempts, lane_key,"
-                    f" write_started_at, lease_until FROM {o}.agent_action"
+                    f" write_started_at, earlier_write_at, lease_until FROM {o}.agent_action"
                 )
             },
             attempts=rows(f"SELECT * FROM {w}.attempt ORDER BY started_at, id"),
             ends=rows(f"SELECT * FROM {w}.process_end ORDER BY id"),
             erasures=rows(f"SELECT * FROM {w}.erasure ORDER BY committed_at"),
-            comments=Counter(r["marker"] for r in rows(f"SELECT marker FROM {t}.comment")),
             accepted=Counter(
                 r["message_id"] for r in rows(f"SELECT message_id FROM {t}.smtp_accepted")
             ),
             expected_erased=expected_erased,
             takes=Counter(r["action_id"] for r in rows(f"SELECT action_id FROM {w}.take")),
             faults=rows(f"SELECT * FROM {w}.fault ORDER BY id"),
+            deliveries=dict(deliveries),
+            bad_signatures=int(bad),
+            issue_markers=Counter(
+                r["marker"] for r in rows(f"SELECT marker FROM {t}.issue_comment")
+            ),
+            chat_markers=Counter(r["marker"] for r in rows(f"SELECT marker FROM {t}.chat_message")),
+            http_faults=Counter(r["fault"] for r in rows(f"SELECT fault FROM {t}.http_fault_met")),
         )
 
     @property
@@ -97,11 +122,20 @@ class Evidence:
         return set().union(*self.expected_erased.values()) if self.expected_erased else set()
 
     def effects(self, action_id: int) -> int:
-        """How often the action's effect exists in the world (comments, or accepted emails)."""
+        """How often the action's effect exists in the world: its Message-ID accepted, its
+        marker on an issue or in a channel, or the distinct webhook-ids its event was delivered
+        under at its endpoint (resends of one id are one effect)."""
         e = self.enqueued[action_id]
-        if e["kind"] == "email":
-            return self.accepted[e["message_id"]]
-        return self.comments[e["marker"]]
+        kind = e["kind"]
+        if kind == "email":
+            return self.accepted[e["effect_key"]]
+        if kind == "webhook":
+            return len(self.deliveries.get(e["marker"], ()))
+        if kind == "issue_comment":
+            return self.issue_markers[e["effect_key"]]
+        if kind == "chat_reply":
+            return self.chat_markers[e["effect_key"]]
+        raise ValueError(f"action {action_id}: unknown kind {kind!r}")
 
     def interval_end(self, attempt: dict[str, Any]) -> datetime:
         """When an attempt stopped: its own stop, else its process group's end or its deadline,
@@ -152,33 +186,89 @@ def nothing_lost(ev: Evidence) -> Check:
 def no_message_id_twice(ev: Evidence) -> Check:
     check = Check("no Message-ID accepted twice", sum(ev.accepted.values()))
     check.violations = _sample(f"{mid} accepted {n}x" for mid, n in ev.accepted.items() if n > 1)
-    known = {e["message_id"] for e in ev.enqueued.values() if e["kind"] == "email"}
+    known = {e["effect_key"] for e in ev.enqueued.values() if e["kind"] == "email"}
     check.violations += _sample(
         f"{mid} belongs to no action" for mid in ev.accepted if mid not in known
     )
     return check
 
 
-def _effects_by_state(ev: Evidence, kind: str, name: str) -> Check:
-    """DONE: exactly once; UNCERTAIN or erased: at most once; FAILED, CANCELLED: never."""
-    ids = [i for i, e in ev.enqueued.items() if e["kind"] == kind]
+def ended_after_a_write(action: dict[str, Any] | None) -> bool:
+    """A read-back action that ended FAILED or CANCELLED after one of its attempts passed its
+    fence (a retry after an ambiguous answer, which keeps that as ``earlier_write_at``, that
+    then expired or ran out of attempts): its effect may exist once."""
+    return (
+        action is not None
+        and action["state"] in ("FAILED", "CANCELLED")
+        and (action["write_started_at"] or action.get("earlier_write_at")) is not None
+    )
+
+
+def _effects_by_state(ev: Evidence, kinds: tuple[str, ...], name: str) -> Check:
+    """DONE: exactly once; UNCERTAIN or erased: at most once; FAILED, CANCELLED: never (a
+    read-back kind's after a write began: at most once)."""
+    ids = [i for i, e in ev.enqueued.items() if e["kind"] in kinds]
     check = Check(name, len(ids))
     for action_id in ids:
         n = ev.effects(action_id)
         row = ev.actions.get(action_id)
         state = row["state"] if row else "ERASED"
         allowed = {"DONE": (1,), "UNCERTAIN": (0, 1), "ERASED": (0, 1)}.get(state, (0,))
+        if ev.enqueued[action_id]["kind"] != "email" and ended_after_a_write(row):
+            allowed = (0, 1)
         if n not in allowed:
+            kind = ev.enqueued[action_id]["kind"]
             check.violations.append(f"{kind} action {action_id} {state} has {n} effects")
     return check
 
 
 def emails_once(ev: Evidence) -> Check:
-    return _effects_by_state(ev, "email", "email: DONE sent once, others at most once")
+    return _effects_by_state(ev, ("email",), "email: DONE sent once, others at most once")
 
 
-def comments_once(ev: Evidence) -> Check:
-    return _effects_by_state(ev, "comment", "read-back: DONE present exactly once")
+def readback_once(ev: Evidence) -> Check:
+    """Issue comments and chat replies: present exactly once by marker when DONE."""
+    return _effects_by_state(ev, MARKED, "issue comment, chat reply: DONE present once by marker")
+
+
+def webhooks_once(ev: Evidence) -> Check:
+    """Each webhook action's event reached its endpoint under its own webhook-id only: once at
+    least when DONE (a resend of that id is counted, not a violation), never under another id
+    (a second distinct delivery), and the same rules as the other kinds otherwise."""
+    check = _effects_by_state(ev, ("webhook",), "webhook: DONE taken once by webhook-id")
+    for action_id, e in ev.enqueued.items():
+        if e["kind"] != "webhook":
+            continue
+        others = set(ev.deliveries.get(e["marker"], ())) - {e["effect_key"]}
+        if others:
+            check.violations.append(
+                f"webhook action {action_id} delivered under other ids {sorted(others)[:3]}"
+            )
+    return check
+
+
+def signatures_verified(ev: Evidence) -> Check:
+    """The receiver verified every delivery (Standard Webhooks, the subscription's secret)."""
+    taken = sum(sum(ids.values()) for ids in ev.deliveries.values())
+    check = Check("webhook: no bad signature", taken + ev.bad_signatures)
+    if ev.bad_signatures:
+        check.violations.append(f"{ev.bad_signatures} deliveries with a bad signature")
+    return check
+
+
+def readback_uncertain_only_unanswered(ev: Evidence) -> Check:
+    """A read-back kind ends UNCERTAIN only when its read-back could not answer, and its reason
+    says so; a webhook never (its receiver dedupes, so a resend is always safe)."""
+    ids = [i for i, e in ev.enqueued.items() if e["kind"] in READ_BACK]
+    check = Check("read-back kinds: UNCERTAIN only when unread", len(ids))
+    for action_id in ids:
+        row = ev.actions.get(action_id)
+        if row is None or row["state"] != "UNCERTAIN":
+            continue
+        kind = ev.enqueued[action_id]["kind"]
+        if kind == "webhook" or READBACK_REASON not in (row["stop_reason"] or ""):
+            check.violations.append(f"{kind} action {action_id} UNCERTAIN {row['stop_reason']}")
+    return check
 
 
 def _lane_attempts(ev: Evidence) -> dict[str, list[dict[str, Any]]]:
@@ -236,9 +326,14 @@ def uncertain_explained(ev: Evidence) -> tuple[Check, dict[int, int]]:
     process group was SIGKILLed after the fence passed and before the lease ran out, so that
     attempt's finish was never written (the adapter itself may have returned already: a kill
     between its return and the executor's fenced finish loses the result, too), or else a
-    database restart explains it (``restart_explains``). Returns the check and which kill
+    database restart explains it (``restart_explains``). An UNCERTAIN whose read-back could not
+    answer is ``readback_uncertain_only_unanswered``'s. Returns the check and which kill
     (``process_end.id``) caused each UNCERTAIN a kill caused."""
-    uncertain = [a for a in ev.actions.values() if a["state"] == "UNCERTAIN"]
+    uncertain = [
+        a
+        for a in ev.actions.values()
+        if a["state"] == "UNCERTAIN" and READBACK_REASON not in (a["stop_reason"] or "")
+    ]
     check = Check("every UNCERTAIN caused by a kill or a restart", len(uncertain))
     caused: dict[int, int] = {}
     kills = [e for e in ev.ends if e["how"] == "SIGKILL"]
@@ -276,17 +371,19 @@ def uncertain_explained(ev: Evidence) -> tuple[Check, dict[int, int]]:
 
 
 def attempts_spent_by_runs(ev: Evidence) -> Check:
-    """An action's ``attempt`` is the number of times a worker took it (claims, reclaims and
-    lost pushes spend none), and no action ends ATTEMPTS_EXHAUSTED having called its adapter
-    fewer than ``max_attempts`` times."""
+    """An action's ``attempt`` is the number of times a worker took it less the takes whose
+    adapter deferred (a rate limit gives its attempt back; claims, reclaims and lost pushes
+    spend none), and no action ends ATTEMPTS_EXHAUSTED having called its adapter fewer than
+    ``max_attempts`` times."""
     check = Check("attempts are spent only by runs", len(ev.actions))
     calls = Counter(a["action_id"] for a in ev.attempts)
+    deferred = Counter(a["action_id"] for a in ev.attempts if a["result"] == "Defer")
     for action_id, action in sorted(ev.actions.items()):
-        taken = ev.takes[action_id]
+        taken = ev.takes[action_id] - deferred[action_id]
         if action["attempt"] != taken:
             check.violations.append(
                 f"action {action_id} {action['state']} at attempt {action['attempt']}, "
-                f"taken {taken}x"
+                f"taken {ev.takes[action_id]}x, deferred {deferred[action_id]}x"
             )
         if action["stop_reason"] == "ATTEMPTS_EXHAUSTED" and calls[action_id] < action.get(
             "max_attempts", 0
@@ -299,18 +396,33 @@ def attempts_spent_by_runs(ev: Evidence) -> Check:
 
 
 def no_write_after_erasure(ev: Evidence) -> Check:
-    """No attempt of an erased action passed a fence it asked after the erasure committed."""
+    """For an erased action of any kind: no attempt passed a fence it asked after the erasure
+    committed, and an effect of it in the world (a Message-ID, a webhook-id, a marker) has an
+    attempt that may have passed its fence before the erasure committed: its write began
+    before the erasure, or it is a write nobody recorded."""
     committed = {e["account"]: e["committed_at"] for e in ev.erasures}
     account_of = {i: acc for acc, ids in ev.expected_erased.items() for i in ids}
     attempts = [a for a in ev.attempts if a["action_id"] in account_of]
-    check = Check("no write began after its erasure", len(attempts))
+    check = Check("no write began after its erasure", len(account_of))
+    began_before: set[int] = set()
     for a in attempts:
-        if (
-            a["fence_passed"]
-            and a["fence_asked_at"] is not None
-            and a["fence_asked_at"] > committed[account_of[a["action_id"]]]
-        ):
-            check.violations.append(f"action {a['action_id']} wrote after its subject was erased")
+        erased_at = committed[account_of[a["action_id"]]]
+        if a["fence_asked_at"] is None or a["fence_passed"] is False:
+            continue
+        if a["fence_asked_at"] > erased_at:
+            if a["fence_passed"]:
+                kind = ev.enqueued[a["action_id"]]["kind"]
+                check.violations.append(
+                    f"{kind} action {a['action_id']} wrote after its subject was erased"
+                )
+        else:
+            began_before.add(a["action_id"])
+    for action_id in sorted(account_of):
+        if action_id in ev.enqueued and action_id not in began_before and ev.effects(action_id):
+            kind = ev.enqueued[action_id]["kind"]
+            check.violations.append(
+                f"{kind} action {action_id} has an effect but no write begun before its erasure"
+            )
     return check
 
 
@@ -321,7 +433,10 @@ def run_all(ev: Evidence) -> tuple[list[Check], dict[int, int]]:
         nothing_lost(ev),
         no_message_id_twice(ev),
         emails_once(ev),
-        comments_once(ev),
+        webhooks_once(ev),
+        signatures_verified(ev),
+        readback_once(ev),
+        readback_uncertain_only_unanswered(ev),
         no_lane_overlap(ev),
         lanes_in_id_order(ev),
         uncertain,

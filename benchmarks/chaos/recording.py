@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from typing import Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from outbox import ActionAttempt, Result
@@ -78,13 +80,22 @@ class Recorder:
         )
 
     async def fence_answered(self, row: int, passed: bool) -> None:
-        await self._execute(f"UPDATE {self.t} SET fence_passed = %s WHERE id = %s", (passed, row))
+        # Not written while the database is down (a restart): the row keeps fence_passed NULL,
+        # which the checks take as "may have passed". Raising here, after a fence that passed,
+        # would turn the soak's own bookkeeping into the adapter's error.
+        with suppress(psycopg.Error, OSError):
+            await self._execute(
+                f"UPDATE {self.t} SET fence_passed = %s WHERE id = %s", (passed, row)
+            )
 
     async def stop(self, row: int, result: str) -> None:
-        await self._execute(
-            f"UPDATE {self.t} SET stopped_at = clock_timestamp(), result = %s WHERE id = %s",
-            (result, row),
-        )
+        # Not written while the database is down: the checks end the interval at its process's
+        # end or its deadline instead.
+        with suppress(psycopg.Error, OSError):
+            await self._execute(
+                f"UPDATE {self.t} SET stopped_at = clock_timestamp(), result = %s WHERE id = %s",
+                (result, row),
+            )
 
 
 class RecordedFence:
@@ -128,9 +139,12 @@ async def run_recorded(
     attempt: ActionAttempt,
     linger: float,
     execute: Callable[[Any], Awaitable[Result]],
+    linger_after: float = 0.0,
 ) -> Result:
     """Runs ``execute(recorded_attempt)`` between a committed start row and a committed stop
-    row (the stop also when the executor cancels the attempt at its deadline)."""
+    row (the stop also when the executor cancels the attempt at its deadline). ``linger_after``
+    pauses after the adapter returned, before the executor writes its result: a window for
+    kills between a provider's answer and the finish."""
     row = await recorder.start(attempt)
     outcome = "raised"
     try:
@@ -138,6 +152,8 @@ async def run_recorded(
             RecordedAttempt(attempt, RecordedFence(attempt, recorder, row, linger))
         )
         outcome = type(result).__name__
+        if linger_after > 0:
+            await asyncio.sleep(linger_after)
         return result
     except asyncio.CancelledError:
         outcome = "cancelled"

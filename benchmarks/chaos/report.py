@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from benchmarks.chaos.checks import Check, Evidence, restart_explains
+from benchmarks.chaos.checks import (
+    READ_BACK,
+    Check,
+    Evidence,
+    ended_after_a_write,
+    restart_explains,
+)
 
 
-def happenings(
-    ev: Evidence, caused: dict[int, int], faults_armed: int, faults_left: int, aimed_hits: int
-) -> list[tuple[str, Any]]:
+def happenings(ev: Evidence, caused: dict[int, int], aimed_hits: int) -> list[tuple[str, Any]]:
     """The numbers that say the soak exercised what it claims to: kills, kills inside the
     fence-to-finish window, retries from injected faults, reclaims, erasures, expiries, and each
     server restart and worker-pool outage with how long it lasted."""
@@ -33,6 +37,9 @@ def happenings(
         (ev.enqueued[i]["kind"], a["state"], a["stop_reason"]) for i, a in ev.actions.items()
     )
     email_retries = sum(1 for a in ev.attempts if a["kind"] == "EMAIL" and a["result"] == "Retry")
+    planned = Counter(e["fault"] for e in ev.enqueued.values() if e["kind"] in READ_BACK)
+    http = " / ".join(f"{planned[f]}/{ev.http_faults[f]}" for f in ("e", "x", "t", "r"))
+    resends = sum(sum(ids.values()) - len(ids) for ids in ev.deliveries.values())
     rows: list[tuple[str, Any]] = [
         ("actions enqueued", len(ev.enqueued)),
         ("lanes", len({e["lane"] for e in ev.enqueued.values()})),
@@ -46,7 +53,16 @@ def happenings(
             "attempts after a write started (read back)",
             sum(1 for a in ev.attempts if a["write_started"]),
         ),
-        ("comment store errors injected / met", f"{faults_armed} / {faults_armed - faults_left}"),
+        ("HTTP faults planned/met: 500 after write / reset / slow / 429", http),
+        ("webhook resends of a taken webhook-id", resends),
+        (
+            "read-back actions ended FAILED/CANCELLED after a write began",
+            sum(
+                1
+                for i, e in ev.enqueued.items()
+                if e["kind"] in READ_BACK and ended_after_a_write(ev.actions.get(i))
+            ),
+        ),
         ("email attempts retried (SMTP 4xx)", email_retries),
         ("UNCERTAIN, each with its kill", len(caused)),
         ("distinct kills that caused an UNCERTAIN", len(set(caused.values()))),

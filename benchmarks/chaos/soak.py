@@ -1,5 +1,5 @@
-"""One soak run: set up, start the sink and the fleet, enqueue while killing and injecting
-faults, settle, check.
+"""One soak run: set up, start the providers (the SMTP sink, the HTTP receivers) and the fleet,
+enqueue while killing and injecting faults, settle, check.
 
 By default the run starts its own PostgreSQL and Redis (``servers``), so that it may restart
 them; with ``private_servers=False`` it runs on ``database_url`` and ``broker_url`` and the only
@@ -25,13 +25,13 @@ from typing import Any
 import psycopg
 import redis
 
-from benchmarks.chaos import checks, faults, report, sink, tables, workload
+from benchmarks.chaos import checks, faults, receivers, report, sink, tables, workload
 from benchmarks.chaos.app import SENDER
-from benchmarks.chaos.comments import COMMENT
 from benchmarks.chaos.fleet import Fleet, Member
 from benchmarks.chaos.servers import PrivatePostgres, PrivateRedis
 from benchmarks.chaos.tables import Schemas
 from outbox import EMAIL, Outbox, erase_subject
+from outbox.webhook import add_subscription, new_secret
 
 REPO = str(Path(__file__).resolve().parents[2])
 #: The soak's own Redis database (the tests use 15, the benchmarks 14).
@@ -40,6 +40,9 @@ DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
 #: Enqueue batches are this far apart; the actions are spread over ENQUEUE_SHARE of the run.
 BATCH_EVERY = 0.2
 ENQUEUE_SHARE = 0.75
+#: The HTTP kinds' timeout per request: well inside the write margin, and shorter than the
+#: receivers' slow answer, so a ``t`` fault is a timeout after the write.
+HTTP_TIMEOUT = 1.0
 #: Every other worker kill, the first included, is aimed (every one until an aimed kill hit): it
 #: waits up to AIM_PATIENCE s for a worker that is sending an email past its fence (for
 #: AIM_AFTER_FENCE s already) and kills that one. Kills at random moments alone can all miss the
@@ -83,7 +86,8 @@ class Outcome:
         return all(c.ok for c in self.checks)
 
 
-def _env(o: Options, s: Schemas, smtp_port: int) -> dict[str, str]:
+def _env(o: Options, s: Schemas, smtp_port: int, http_port: int) -> dict[str, str]:
+    http = f"http://127.0.0.1:{http_port}"
     return {
         "OUTBOX_DATABASE_URL": o.database_url,
         "OUTBOX_SCHEMA": s.outbox,
@@ -98,7 +102,18 @@ def _env(o: Options, s: Schemas, smtp_port: int) -> dict[str, str]:
         "OUTBOX_RETRY_CAP_SECONDS": "2",
         "OUTBOX_IN_FLIGHT": "24",
         "OUTBOX_POOL_SIZE": "4",
-        "CHAOS_WORLD_SCHEMA": s.world,
+        # The webhook subscriptions point at the receiver on loopback.
+        "OUTBOX_WEBHOOK_ALLOW_PRIVATE": "127.0.0.1/32",
+        "OUTBOX_WEBHOOK_TIMEOUT_SECONDS": str(HTTP_TIMEOUT),
+        # Faults and restarts make an endpoint fail several times in a row; a disabled one would
+        # wait 5 minutes, past the settle phase.
+        "OUTBOX_WEBHOOK_DISABLE_AFTER_FAILURES": "1000",
+        "OUTBOX_GITHUB_TOKEN": receivers.TOKEN,
+        "OUTBOX_GITHUB_API_URL": f"{http}/github",
+        "OUTBOX_GITHUB_TIMEOUT_SECONDS": str(HTTP_TIMEOUT),
+        "OUTBOX_SLACK_TOKEN": receivers.TOKEN,
+        "OUTBOX_SLACK_API_URL": f"{http}/slack/api",
+        "OUTBOX_SLACK_TIMEOUT_SECONDS": str(HTTP_TIMEOUT),
         "CHAOS_WATCH_SCHEMA": s.watch,
         "PYTHONPATH": REPO,
     }
@@ -114,6 +129,8 @@ class Soak:
         self.fleet: Fleet | None = None
         self.expected_erased: dict[str, set[int]] = {}
         self.by_account: dict[str, set[int]] = {}
+        #: The receiver's slot of each webhook subscription id.
+        self.slots: dict[int, str] = {}
         #: Aimed worker kills that found an email past its fence.
         self.aimed_hits = 0
 
@@ -146,10 +163,11 @@ class Soak:
         o, s = self.o, self.s
         started = time.monotonic()
         self.outbox = Outbox(o.database_url, schema=s.outbox)
-        self.outbox.declare(EMAIL, COMMENT)
+        self.outbox.declare(EMAIL)
         watch = self.connect()
         broker = redis.Redis.from_url(o.broker_url)
         sink_proc: subprocess.Popen[bytes] | None = None
+        http_proc: subprocess.Popen[bytes] | None = None
         fleet: Fleet | None = None
         try:
             tables.drop(watch, s)
@@ -157,12 +175,15 @@ class Soak:
             tables.create(watch, s)
             broker.flushdb()
             mix = workload.plan(o.actions, o.seed)
-            armed = workload.inject_comment_faults(watch, s.world, mix)
-            sink_proc, port = self._start_sink()
-            fleet = self.fleet = Fleet(_env(o, s, port), REPO, watch, s.watch)
+            http_port = _free_port()
+            self._subscribe(watch, http_port)
+            sink_proc = self._start("benchmarks.chaos.sink", sink.READY, _free_port())
+            http_proc = self._start("benchmarks.chaos.receivers", receivers.READY, http_port)
+            env = _env(o, s, int(sink_proc.args[-1]), http_port)
+            fleet = self.fleet = Fleet(env, REPO, watch, s.watch)
             fleet.start()
             self.log(
-                f"fleet up; {len(mix)} actions over {o.duration:.0f}s, a kill every "
+                f"fleet up; {o.actions} actions over {o.duration:.0f}s, a kill every "
                 f"~{o.kill_interval}s, schema {s.outbox}"
             )
             plan = faults.schedule(o.duration, o.lease, self.pg is not None) if o.faults else []
@@ -173,49 +194,58 @@ class Soak:
             watch = self.watch
             self._settle(fleet, watch)
             fleet.stop()
-            left = watch.execute(
-                f'SELECT coalesce(sum(remaining), 0) FROM "{s.world}".comment_fault'
-            ).fetchone()
             evidence = checks.Evidence.load(watch, s, self.expected_erased)
             results, caused = checks.run_all(evidence)
-            rows = report.happenings(
-                evidence, caused, armed, int(left[0]) if left else 0, self.aimed_hits
-            )
+            rows = report.happenings(evidence, caused, self.aimed_hits)
             table = report.render(results, rows, time.monotonic() - started)
             return Outcome(results, dict(rows), table)
         finally:
             if fleet is not None:
                 fleet.stop()
-            if sink_proc is not None:
-                sink_proc.kill()
-                sink_proc.wait(10)
+            for proc in (sink_proc, http_proc):
+                if proc is not None:
+                    proc.kill()
+                    proc.wait(10)
             broker.flushdb()
             if not o.keep:
                 tables.drop(self.watch, s)
             self.writer.close()
             self.watch.close()
 
-    def _start_sink(self) -> tuple[subprocess.Popen[bytes], int]:
-        port = _free_port()
+    def _subscribe(self, conn: psycopg.Connection[Any], port: int) -> None:
+        """WEBHOOK_SLOTS subscriptions to the receiver, slot i to event type i % EVENT_TYPES,
+        each with its own secret (the receiver verifies with it)."""
+        for slot in range(workload.WEBHOOK_SLOTS):
+            secret = new_secret()
+            subscription = add_subscription(
+                conn,
+                f"http://127.0.0.1:{port}/hooks/{slot}",
+                [secret],
+                [workload.event_type(slot)],
+                schema=self.s.outbox,
+            )
+            conn.execute(
+                f'INSERT INTO "{self.s.world}".webhook_endpoint (slot, subscription, secret)'
+                " VALUES (%s, %s, %s)",
+                (str(slot), subscription.id, secret),
+            )
+            self.slots[subscription.id] = str(slot)
+
+    def _start(self, module: str, ready: str, port: int) -> subprocess.Popen[bytes]:
+        """Starts a provider process (the SMTP sink, the HTTP receivers) and waits until it
+        listens on ``port`` (its last argument)."""
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.chaos.sink",
-                self.o.database_url,
-                self.s.world,
-                str(port),
-            ],
+            [sys.executable, "-m", module, self.o.database_url, self.s.world, str(port)],
             cwd=REPO,
             stdout=subprocess.PIPE,
             start_new_session=True,
         )
         assert proc.stdout is not None
         line = proc.stdout.readline().decode()
-        if sink.READY not in line:
+        if ready not in line:
             proc.kill()
-            raise RuntimeError(f"the SMTP sink did not start: {line!r}")
-        return proc, port
+            raise RuntimeError(f"{module} did not start: {line!r}")
+        return proc
 
     def _chaos(self, fleet: Fleet, injector: faults.Injector, mix: list[workload.Planned]) -> None:
         """Enqueues the mix in batches, erases a few accounts, kills a process every
@@ -266,9 +296,9 @@ class Soak:
     def _enqueue(
         self, writer: psycopg.Connection[Any], watch: psycopg.Connection[Any], batch: list[Any]
     ) -> None:
-        for planned, action_id in workload.enqueue_batch(writer, self.outbox, self.s.watch, batch):
-            if planned.account is not None:
-                self.by_account.setdefault(planned.account, set()).add(action_id)
+        for e in workload.enqueue_batch(writer, self.outbox, self.s.watch, batch, self.slots):
+            if e.item.account is not None:
+                self.by_account.setdefault(e.item.account, set()).add(e.action_id)
 
     def _erase(self, writer: psycopg.Connection[Any], watch: psycopg.Connection[Any]) -> None:
         """Erases one account that has actions and was not erased yet, preferring one with a

@@ -1,12 +1,13 @@
 """The soak's own tables, in two schemas beside the outbox's.
 
-``<run>_world`` is the outside world: the comment store (the read-back provider) and what the
-SMTP sink accepted. ``<run>_watch`` is what the harness observes: each attempt as the adapters saw
-it, each take of an action by a worker, each process end (SIGKILL or clean stop), each erasure,
-each injected fault. Every row there is written in its own short autocommit transaction, never
-inside an action's, so a kill loses at most the row that was being written, and what is committed
-stays true; but a take is recorded by a trigger on the outbox's table, in the take's own
-transaction, so it is committed exactly when the take is.
+``<run>_world`` is the outside world: what the SMTP sink accepted, and what the HTTP providers
+(the webhook receiver, the issue tracker, the chat API) took. ``<run>_watch`` is what the
+harness observes: each attempt as the adapters saw it, each take of an action by a worker, each
+process end (SIGKILL or clean stop), each erasure, each injected fault. Every row there is
+written in its own short autocommit transaction, never inside an action's, so a kill loses at
+most the row that was being written, and what is committed stays true; but a take is recorded
+by a trigger on the outbox's table, in the take's own transaction, so it is committed exactly
+when the take is.
 """
 
 from __future__ import annotations
@@ -20,19 +21,53 @@ DDL = """
 CREATE SCHEMA IF NOT EXISTS {world};
 CREATE SCHEMA IF NOT EXISTS {watch};
 
--- The comment store: searchable by marker. No unique constraint on marker, on purpose: a
--- duplicate post must be visible to the checks, not refused by the store.
-CREATE TABLE IF NOT EXISTS {world}.comment (
+-- The HTTP providers (benchmarks/chaos/receivers.py). No unique constraint on any effect, on
+-- purpose: a duplicate must be visible to the checks, not refused by the provider.
+-- Each webhook endpoint (a slot in the receiver's URL) and the secret it verifies with.
+CREATE TABLE IF NOT EXISTS {world}.webhook_endpoint (
+    slot text PRIMARY KEY,
+    subscription bigint NOT NULL,
+    secret text NOT NULL);
+-- Every verified delivery, resends included; `event` is the soak's event key @ the slot.
+CREATE TABLE IF NOT EXISTS {world}.webhook_delivery (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    marker text NOT NULL,
+    webhook_id text NOT NULL,
+    event text NOT NULL,
+    slot text NOT NULL,
+    received_at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE IF NOT EXISTS {world}.webhook_bad_signature (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    slot text NOT NULL,
+    webhook_id text NOT NULL,
+    received_at timestamptz NOT NULL DEFAULT clock_timestamp());
+-- Issue comments (GitHub's shape); `marker` is the digest in the body's hidden marker.
+CREATE TABLE IF NOT EXISTS {world}.issue_comment (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    owner text NOT NULL,
+    repo text NOT NULL,
+    issue integer NOT NULL,
     body text NOT NULL,
+    marker text NOT NULL,
     posted_at timestamptz NOT NULL DEFAULT clock_timestamp());
-CREATE INDEX IF NOT EXISTS ix_comment_marker ON {world}.comment (marker);
--- Injected provider errors: the next `remaining` posts of a marker are refused, atomically
--- with the refusal (so a refused post provably wrote nothing).
-CREATE TABLE IF NOT EXISTS {world}.comment_fault (
-    marker text PRIMARY KEY,
-    remaining integer NOT NULL);
+CREATE INDEX IF NOT EXISTS ix_issue_comment_issue ON {world}.issue_comment (owner, repo, issue);
+-- Chat messages (Slack's shape); `marker` is the one in the message's metadata.
+CREATE TABLE IF NOT EXISTS {world}.chat_message (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    channel text NOT NULL,
+    ts text NOT NULL,
+    ts_num double precision NOT NULL,
+    thread_ts text,
+    text text NOT NULL,
+    marker text NOT NULL,
+    metadata text,
+    posted_at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE INDEX IF NOT EXISTS ix_chat_message_channel ON {world}.chat_message (channel);
+-- Each fault a provider applied (best effort: not while the database is down).
+CREATE TABLE IF NOT EXISTS {world}.http_fault_met (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind text NOT NULL,
+    fault text NOT NULL,
+    key text NOT NULL);
 -- Every message the SMTP sink accepted (replied, or was about to reply, 250 to).
 CREATE TABLE IF NOT EXISTS {world}.smtp_accepted (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -106,7 +141,11 @@ CREATE TABLE IF NOT EXISTS {watch}.enqueued (
     lane text NOT NULL,
     account text,
     expires boolean NOT NULL,
-    message_id text);
+    -- what the effect is known by at its provider: the email's Message-ID, the webhook-id,
+    -- the issue comment's or chat message's marker
+    effect_key text NOT NULL,
+    -- the fault the provider applies to its first write (see receivers.py), or ''
+    fault text NOT NULL DEFAULT '');
 """
 
 
