@@ -148,10 +148,10 @@ def test_nothing_cites_a_file_the_repository_lacks():
 
 def test_the_citation_check_catches_a_missing_file(tmp_path):
     citing = tmp_path / "note.md"
-    assert cited_paths("see SPEC.md and tests/test_trigger_pairs.py") == {
-        "SPEC.md",
+    assert cited_paths("see DESIGN.md and tests/test_trigger_pairs.py") == {
+        "DESIGN.md",
         "tests/test_trigger_pairs.py",
     }
-    assert not exists("SPEC.md", citing)
+    assert not exists("DESIGN.md", citing)
     assert not exists("tests/test_trigger_pairs.py", citing)
     assert exists("tests/test_core_trigger.py", citing)
