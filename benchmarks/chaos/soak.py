@@ -47,8 +47,12 @@ HTTP_TIMEOUT = 1.0
 #: waits up to AIM_PATIENCE s for a worker that is sending an email past its fence (for
 #: AIM_AFTER_FENCE s already) and kills that one. Kills at random moments alone can all miss the
 #: at-most-once fence-to-finish window, and then the UNCERTAIN check has nothing to examine.
-AIM_PATIENCE = 1.5
+AIM_PATIENCE = 3.0
 AIM_AFTER_FENCE = 0.05
+#: If no aimed kill hit by the end of the kills (a fault or the outage can take the moments
+#: when emails sat past their fence), aimed kills go on this long into the settle, which still
+#: drains emails: each kills only a worker found sending an email past its fence.
+AIM_GRACE = 30.0
 
 
 @dataclass(frozen=True)
@@ -263,8 +267,18 @@ class Soak:
         cursor = 0
         while True:
             now = time.monotonic()
-            if now - t0 >= o.duration and cursor >= len(mix) and not injector.busy:
-                break
+            late = now - t0 >= o.duration
+            if late and cursor >= len(mix) and not injector.busy:
+                if self.aimed_hits or now - t0 >= o.duration + AIM_GRACE or not o.kill_interval:
+                    break
+                # Late: only an aimed kill, and only at a worker sending an email past its fence.
+                writing = fleet.writing(EMAIL.name, AIM_AFTER_FENCE)
+                if writing:
+                    killed = fleet.kill(rng.choice(writing))
+                    self.aimed_hits += 1
+                    self.log(f"SIGKILL {killed.role} {killed.proc.pid} (aimed, late)")
+                time.sleep(0.1)
+                continue
             due = min(len(mix), per_batch * (int((now - t0) / BATCH_EVERY) + 1))
             if cursor < due:
                 self._enqueue(self.writer, self.watch, mix[cursor:due])
