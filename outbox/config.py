@@ -82,6 +82,9 @@ class Settings:
     #: Largest payload an enqueue accepts, in bytes of its compact UTF-8 JSON. A payload holds
     #: identifiers the adapter reads the rest by; a larger one is refused (InvalidActionRequest).
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    #: ``outbox prune`` and ``outbox erase`` ask before deleting more actions than this (on a
+    #: terminal; elsewhere they need ``--yes``). 0: ask before deleting any.
+    confirm_threshold: int = 1000
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -106,6 +109,8 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{env_name(name)}: must be >= 1")
+        if self.confirm_threshold < 0:
+            raise ConfigurationError(f"{env_name('confirm_threshold')}: must be >= 0")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigurationError(f"{env_name('metrics_port')}: must be a port, 0 to 65535")
         if self.database_url is not None:

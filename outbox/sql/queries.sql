@@ -348,6 +348,19 @@ SELECT coalesce(bool_or(state = 'EXECUTING' AND taken_epoch IS DISTINCT FROM epo
 DELETE FROM {schema}.agent_action WHERE subject_account_id = %(account_id)s
 RETURNING id, state
 
+-- name: prune_preview
+-- What `prune_ended` would delete now, by kind and state (`outbox prune --dry-run`, and the
+-- counts it shows before it asks).
+SELECT kind, state, count(*) AS n FROM {schema}.agent_action
+ WHERE ended_at IS NOT NULL AND ended_at < now() - %(retention)s
+ GROUP BY kind, state ORDER BY kind, state
+
+-- name: erase_preview
+-- What `erase_subject` would delete now, by kind and state (`outbox erase --dry-run`).
+SELECT kind, state, count(*) AS n FROM {schema}.agent_action
+ WHERE subject_account_id = %(account_id)s
+ GROUP BY kind, state ORDER BY kind, state
+
 -- name: prune_ended
 -- Retention: a small batch of actions that ended more than the retention ago. SKIP LOCKED so a
 -- prune never waits on, nor holds up, anything else.
