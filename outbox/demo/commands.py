@@ -8,6 +8,7 @@ import logging
 from psycopg_pool import ConnectionPool
 
 from outbox.cli_args import port, positive_float, positive_int
+from outbox.demo.schema import DEMO_SCHEMA
 from outbox.loader import load_app
 from outbox.outbox import Outbox
 
@@ -20,7 +21,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     # The progress bar and the table are the demo's output: the per-attempt log lines (retries,
     # the UNCERTAIN warnings) would scroll it away, so only errors are shown unless -v.
     logging.getLogger().setLevel(logging.ERROR if not args.verbose else logging.DEBUG)
-    return main(people=args.people, timeout=args.timeout)
+    return main(people=args.people, timeout=args.timeout, schema=args.schema)
 
 
 def setup_demo(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +35,12 @@ def setup_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--timeout", type=positive_float, default=120.0, help="give up after this many seconds"
+    )
+    p.add_argument(
+        "--schema",
+        default=DEMO_SCHEMA,
+        help=f"the demo's own schema (default {DEMO_SCHEMA}; not $OUTBOX_SCHEMA): created and "
+        "marked by the demo, dropped by its next run; a schema it did not create is never dropped",
     )
     p.set_defaults(func=_cmd_demo)
 
