@@ -417,3 +417,38 @@ async def test_every_statement_an_application_call_runs_prepares_on_asyncpg(
     finally:
         await conn.close()
     assert failed == {}
+
+
+# -- the built-in kinds' enqueue helpers ride the same connectors --------------------------------
+
+
+def test_enqueue_webhook_rides_a_psycopg2_transaction(outbox, database_url, schema):
+    from outbox.webhook import add_subscription, enqueue_webhook, new_secret
+
+    with psycopg.connect(database_url) as conn:
+        add_subscription(conn, "https://hooks.example/in", [new_secret()], ["paid"], schema=schema)
+        conn.commit()
+    with psycopg2_connection(database_url, commit=False) as conn:
+        enqueue_webhook(conn, "paid", {"invoice": 1}, idempotency_key="rolled", schema=schema)
+    with psycopg2_connection(database_url, commit=True) as conn:
+        (action,) = enqueue_webhook(
+            conn, "paid", {"invoice": 2}, idempotency_key="kept", schema=schema
+        )
+    assert action.kind == "WEBHOOK" and action.payload["data"] == {"invoice": 2}
+    assert [r["kind"] for r in _committed(database_url, schema).values()] == ["WEBHOOK"]
+
+
+async def test_enqueue_webhook_async_rides_an_asyncpg_transaction(outbox, database_url, schema):
+    from outbox.webhook import add_subscription, enqueue_webhook_async, new_secret
+
+    with psycopg.connect(database_url) as conn:
+        add_subscription(conn, "https://hooks.example/in", [new_secret()], ["paid"], schema=schema)
+        conn.commit()
+    async with asyncpg_connection(database_url, commit=False) as conn:
+        await enqueue_webhook_async(conn, "paid", {"n": 1}, idempotency_key="rolled", schema=schema)
+    async with asyncpg_connection(database_url, commit=True) as conn:
+        (action,) = await enqueue_webhook_async(
+            conn, "paid", {"n": 2}, idempotency_key="kept", schema=schema
+        )
+    assert action.kind == "WEBHOOK" and action.payload["data"] == {"n": 2}
+    assert len(_committed(database_url, schema)) == 1
