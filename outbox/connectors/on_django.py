@@ -21,7 +21,9 @@ def is_django(conn: Any) -> bool:
     # django.db.connection is a ConnectionProxy (django.utils.connection) that forwards to the
     # DatabaseWrapper of the default alias (django.db.backends.*).
     module = type(conn).__module__
-    return module.startswith("django.db.backends") or type(conn).__name__ == "ConnectionProxy"
+    return module.startswith("django.db.backends") or (
+        module.startswith("django.") and type(conn).__name__ == "ConnectionProxy"
+    )
 
 
 def driver_connection(wrapper: Any, caller: str) -> Any:
