@@ -180,6 +180,19 @@ def test_outside_atomic_the_connection_is_refused_and_nothing_is_written(project
     assert _actions(database_url, project, [lone]) == {}
 
 
+def test_another_database_engine_is_refused_by_name(project):
+    from django.db import transaction
+
+    from outbox.django import enqueue
+
+    with transaction.atomic(using="lite"), pytest.raises(UnusableConnection) as raised:
+        enqueue(thanks(key("lite")), using="lite")
+    assert str(raised.value) == (
+        "enqueue cannot use Django's sqlite connection 'lite': the outbox's tables live in "
+        "PostgreSQL"
+    )
+
+
 def test_a_database_error_marks_the_atomic_block_for_rollback(project, database_url):
     from django.db import DatabaseError, connection, transaction
 

@@ -25,7 +25,9 @@ DATABASES = {
         "HOST": _params.get("host", "127.0.0.1"),
         "PORT": _params.get("port", "5432"),
         "OPTIONS": {"options": f"-c search_path={SCHEMA}"},
-    }
+    },
+    # Another alias on another database engine: the outbox refuses it by name.
+    "lite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
 }
 OUTBOX = {
     "APP": "tests.apps.django_feedback.effects:outbox",
