@@ -55,6 +55,13 @@ class Settings:
     retry_cap: timedelta = timedelta(hours=1)
     #: Ended actions are deleted this long after they ended.
     retention: timedelta = timedelta(days=30)
+    #: The payload of an action that ended UNCERTAIN, FAILED or CANCELLED is kept this long for
+    #: an operator's resend or retry (then dropped by maintenance; also once decided).
+    parked_payload_retention: timedelta = timedelta(days=7)
+    #: Each claimer and worker process records that it is alive this often.
+    heartbeat_interval: timedelta = timedelta(seconds=5)
+    #: Maintenance deletes the heartbeat row of a process silent for this long.
+    process_stale_after: timedelta = timedelta(hours=1)
     #: The claimer polls this often when no NOTIFY wakes it.
     poll_interval: timedelta = timedelta(seconds=1)
     #: Housekeeping (lost leases, expiry, retention) runs this often in the claimer.
@@ -94,6 +101,7 @@ class Settings:
             "claim_idle_timeout",
             "claim_statement_timeout",
             "push_timeout",
+            "heartbeat_interval",
         ):
             if getattr(self, name) <= timedelta(0):
                 raise ConfigurationError(f"{name} must be more than 0 seconds")

@@ -500,3 +500,192 @@ SELECT s.id, s.endpoint_url, s.consecutive_failures, s.disabled_at, s.disabled_r
   FROM {schema}.webhook_subscription s
  WHERE NOT s.enabled
  ORDER BY s.id
+
+-- name: attempts_of_action
+-- Operator: every attempt of an action on record, oldest first.
+SELECT action_id, epoch, attempt, claimed_at, taken_at, fence_passed_at, ended_at, result,
+       reason, provider_ref, error_class
+  FROM {schema}.agent_action_attempt
+ WHERE action_id = %(id)s
+ ORDER BY epoch
+
+-- name: resolution_of_action
+-- Operator: what a person recorded about an action.
+SELECT action_id, outcome, note, resolved_by, resolved_at
+  FROM {schema}.agent_action_resolution WHERE action_id = %(id)s
+
+-- name: links_of_action
+-- Operator: the resends and retries made from an action, and the one it was made from.
+SELECT from_id, to_id, relation, created_by, created_at
+  FROM {schema}.agent_action_link
+ WHERE from_id = %(id)s OR to_id = %(id)s
+ ORDER BY created_at, from_id, to_id
+
+-- name: parked_payload_exists
+-- Operator: whether an ended action still keeps a payload for a resend or retry.
+SELECT 1 AS parked FROM {schema}.agent_action_parked_payload WHERE action_id = %(id)s
+
+-- name: parked_payload_of
+-- Operator: the payload an ended action parked, for its resend or retry.
+SELECT payload FROM {schema}.agent_action_parked_payload WHERE action_id = %(id)s
+
+-- name: drop_parked_payload
+-- Operator: a decision was taken on an ended action; its parked payload is no longer needed.
+DELETE FROM {schema}.agent_action_parked_payload WHERE action_id = %(id)s
+
+-- name: prune_parked_payloads
+-- Maintenance: parked payloads older than their retention are dropped, a batch at a time.
+WITH old AS (
+    SELECT action_id FROM {schema}.agent_action_parked_payload
+     WHERE parked_at < now() - %(retention)s
+     ORDER BY parked_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.agent_action_parked_payload p USING old WHERE p.action_id = old.action_id
+RETURNING p.action_id
+
+-- name: resolve_action
+-- Operator: record a resolution, unless the action has one (then nothing is returned).
+INSERT INTO {schema}.agent_action_resolution (action_id, outcome, note, resolved_by)
+VALUES (%(id)s, %(outcome)s, %(note)s, %(actor)s)
+ON CONFLICT (action_id) DO NOTHING
+RETURNING action_id, outcome, note, resolved_by, resolved_at
+
+-- name: link_actions
+-- Operator: a resend or retry was made from an action.
+INSERT INTO {schema}.agent_action_link (from_id, to_id, relation, created_by)
+VALUES (%(from_id)s, %(to_id)s, %(relation)s, %(actor)s)
+ON CONFLICT DO NOTHING
+
+-- name: operator_end_waiting
+-- Operator: a waiting action in one of `states` ends CANCELLED with `reason`, its payload parked
+-- for a retry. A claimer that holds the row makes this wait and then find it EXECUTING (nothing
+-- returned); the old row's payload is read in the statement's snapshot (the update's own
+-- changes are invisible to its sibling).
+WITH ended AS (
+    UPDATE {schema}.agent_action a
+       SET state = 'CANCELLED', stop_reason = %(reason)s, payload = NULL, ended_at = now()
+     WHERE a.id = %(id)s AND a.state = ANY (%(states)s::text[])
+    RETURNING a.*
+), parked AS (
+    INSERT INTO {schema}.agent_action_parked_payload (action_id, payload)
+    SELECT o.id, o.payload
+      FROM ended JOIN {schema}.agent_action o ON o.id = ended.id
+     WHERE o.payload IS NOT NULL
+)
+SELECT *, false AS created FROM ended
+
+-- name: operator_audit_insert
+-- Operator: one audit row.
+INSERT INTO {schema}.outbox_operator_audit (actor, verb, action_id, kind, outcome, detail)
+VALUES (%(actor)s, %(verb)s, %(action_id)s, %(kind)s, %(outcome)s, %(detail)s)
+
+-- name: operator_audit_recent
+-- Operator: the latest audit rows, newest first, of one action or of all.
+SELECT id, at, actor, verb, action_id, kind, outcome, detail
+  FROM {schema}.outbox_operator_audit
+ WHERE %(action_id)s::bigint IS NULL OR action_id = %(action_id)s::bigint
+ ORDER BY id DESC
+ LIMIT %(limit)s
+
+-- name: kind_exists
+-- Operator: whether a kind is declared.
+SELECT 1 AS known FROM {schema}.agent_action_kind WHERE name = %(kind)s
+
+-- name: pause_kind
+-- Operator: pause a kind (nothing returned when it is paused already).
+INSERT INTO {schema}.agent_action_kind_pause (kind, paused_by, note)
+VALUES (%(kind)s, %(actor)s, %(note)s)
+ON CONFLICT (kind) DO NOTHING
+RETURNING kind, paused_by, paused_at, note
+
+-- name: pause_of_kind
+-- Operator: one kind's pause.
+SELECT kind, paused_by, paused_at, note FROM {schema}.agent_action_kind_pause
+ WHERE kind = %(kind)s
+
+-- name: resume_kind
+-- Operator: resume a paused kind.
+DELETE FROM {schema}.agent_action_kind_pause WHERE kind = %(kind)s RETURNING kind
+
+-- name: paused_kinds
+-- Operator, status: the paused kinds.
+SELECT kind, paused_by, paused_at, note FROM {schema}.agent_action_kind_pause ORDER BY kind
+
+-- name: bulk_count
+-- Operator: how many actions a bulk filter matches that its verb applies to (bulk_matching_ids
+-- without the ids). An empty array matches everything; the reason is the stop reason, or the
+-- last retry's reason of a waiting action.
+SELECT count(*) AS n FROM (
+    SELECT a.id
+      FROM {schema}.agent_action a
+     WHERE a.state = ANY (%(states)s::text[])
+       AND (cardinality(%(kinds)s::text[]) = 0 OR a.kind = ANY (%(kinds)s::text[]))
+       AND (cardinality(%(reasons)s::text[]) = 0
+            OR coalesce(a.stop_reason, a.retry_reason) = ANY (%(reasons)s::text[]))
+       AND (cardinality(%(lanes)s::text[]) = 0 OR a.lane_key = ANY (%(lanes)s::text[]))
+       AND (%(created_from)s::timestamptz IS NULL OR a.created_at >= %(created_from)s::timestamptz)
+       AND (%(created_to)s::timestamptz IS NULL OR a.created_at < %(created_to)s::timestamptz)
+       AND (%(ended_from)s::timestamptz IS NULL OR a.ended_at >= %(ended_from)s::timestamptz)
+       AND (%(ended_to)s::timestamptz IS NULL OR a.ended_at < %(ended_to)s::timestamptz)
+       AND NOT (%(unresolved)s AND EXISTS (
+                SELECT 1 FROM {schema}.agent_action_resolution r WHERE r.action_id = a.id))
+       AND NOT (%(not_delivered_only)s AND EXISTS (
+                SELECT 1 FROM {schema}.agent_action_resolution r
+                 WHERE r.action_id = a.id AND r.outcome = 'DELIVERED'))
+       AND NOT (%(unlinked)s::text IS NOT NULL AND EXISTS (
+                SELECT 1 FROM {schema}.agent_action_link k
+                 WHERE k.from_id = a.id AND k.relation = %(unlinked)s::text))
+     ORDER BY a.id
+     LIMIT %(limit)s
+) matched
+
+-- name: bulk_matching_ids
+-- Operator: the ids bulk_count counts, in id order.
+SELECT a.id
+  FROM {schema}.agent_action a
+ WHERE a.state = ANY (%(states)s::text[])
+   AND (cardinality(%(kinds)s::text[]) = 0 OR a.kind = ANY (%(kinds)s::text[]))
+   AND (cardinality(%(reasons)s::text[]) = 0
+        OR coalesce(a.stop_reason, a.retry_reason) = ANY (%(reasons)s::text[]))
+   AND (cardinality(%(lanes)s::text[]) = 0 OR a.lane_key = ANY (%(lanes)s::text[]))
+   AND (%(created_from)s::timestamptz IS NULL OR a.created_at >= %(created_from)s::timestamptz)
+   AND (%(created_to)s::timestamptz IS NULL OR a.created_at < %(created_to)s::timestamptz)
+   AND (%(ended_from)s::timestamptz IS NULL OR a.ended_at >= %(ended_from)s::timestamptz)
+   AND (%(ended_to)s::timestamptz IS NULL OR a.ended_at < %(ended_to)s::timestamptz)
+   AND NOT (%(unresolved)s AND EXISTS (
+            SELECT 1 FROM {schema}.agent_action_resolution r WHERE r.action_id = a.id))
+   AND NOT (%(not_delivered_only)s AND EXISTS (
+            SELECT 1 FROM {schema}.agent_action_resolution r
+             WHERE r.action_id = a.id AND r.outcome = 'DELIVERED'))
+   AND NOT (%(unlinked)s::text IS NOT NULL AND EXISTS (
+            SELECT 1 FROM {schema}.agent_action_link k
+             WHERE k.from_id = a.id AND k.relation = %(unlinked)s::text))
+ ORDER BY a.id
+ LIMIT %(limit)s
+
+-- name: heartbeat
+-- Processes: a claimer or worker says it is alive (and how much it has in flight).
+INSERT INTO {schema}.outbox_process
+    (process_id, role, host, pid, kinds, started_at, last_seen, in_flight)
+VALUES (%(process_id)s, %(role)s, %(host)s, %(pid)s, %(kinds)s, %(started_at)s, now(),
+        %(in_flight)s)
+ON CONFLICT (process_id) DO UPDATE
+   SET last_seen = now(), in_flight = excluded.in_flight, kinds = excluded.kinds
+
+-- name: process_gone
+-- Processes: a process that stops cleanly takes its row away.
+DELETE FROM {schema}.outbox_process WHERE process_id = %(process_id)s
+
+-- name: live_processes
+-- Processes: those whose last heartbeat is at most `within` old, claimers first.
+SELECT process_id, role, host, pid, kinds, started_at, last_seen, in_flight,
+       extract(epoch FROM now() - last_seen)::float8 AS age
+  FROM {schema}.outbox_process
+ WHERE last_seen >= now() - %(within)s
+ ORDER BY role, host, pid
+
+-- name: prune_stale_processes
+-- Maintenance: rows of processes silent for longer than `stale` are deleted.
+DELETE FROM {schema}.outbox_process WHERE last_seen < now() - %(stale)s RETURNING process_id
