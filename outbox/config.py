@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
@@ -89,6 +89,13 @@ class Settings:
     #: Largest payload an enqueue accepts, in bytes of its compact UTF-8 JSON. A payload holds
     #: identifiers the adapter reads the rest by; a larger one is refused (InvalidActionRequest).
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    #: Who may log in to the console (``outbox dashboard``): comma-separated ``name:password``
+    #: pairs, a password in clear or as a werkzeug hash (``scrypt:...``). Without any, the
+    #: console listens on loopback only and asks for no login. Never shown in a repr or a log.
+    console_users: str | None = field(default=None, repr=False)
+    #: Key that signs the console's session cookies; random for each process when unset (a
+    #: restart then logs everyone out). Set it when several console processes share a host name.
+    console_secret_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)

@@ -689,3 +689,86 @@ SELECT process_id, role, host, pid, kinds, started_at, last_seen, in_flight,
 -- name: prune_stale_processes
 -- Maintenance: rows of processes silent for longer than `stale` are deleted.
 DELETE FROM {schema}.outbox_process WHERE last_seen < now() - %(stale)s RETURNING process_id
+
+-- name: console_actions_page
+-- Console: one page of actions, newest first, under the filters given (NULL = any), below the
+-- keyset `before` (an id). Run unprepared, so each filter left NULL folds away at plan time and
+-- the planner picks the index of the filters that are set. Never the payload.
+SELECT id, kind, state, workspace_id, lane_key, idempotency_key, subject_account_id, attempt,
+       max_attempts, stop_reason, retry_reason, available_at, created_at, ended_at
+  FROM {schema}.agent_action
+ WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+   AND (%(reason)s::text IS NULL OR coalesce(stop_reason, retry_reason) = %(reason)s::text)
+   AND (%(lane_key)s::text IS NULL OR lane_key = %(lane_key)s::text)
+   AND (%(idempotency_key)s::text IS NULL OR idempotency_key = %(idempotency_key)s::text)
+   AND (%(subject)s::text IS NULL OR subject_account_id = %(subject)s::text)
+   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+   AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s::timestamptz)
+   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+ ORDER BY id DESC
+ LIMIT %(limit)s
+
+-- name: console_actions_count
+-- Console: how many actions the filters match (a bulk action's confirmation shows it first).
+SELECT count(*) AS n
+  FROM {schema}.agent_action
+ WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+   AND (%(reason)s::text IS NULL OR coalesce(stop_reason, retry_reason) = %(reason)s::text)
+   AND (%(lane_key)s::text IS NULL OR lane_key = %(lane_key)s::text)
+   AND (%(idempotency_key)s::text IS NULL OR idempotency_key = %(idempotency_key)s::text)
+   AND (%(subject)s::text IS NULL OR subject_account_id = %(subject)s::text)
+   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+   AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s::timestamptz)
+
+-- name: console_outcomes_per_minute
+-- Console: actions that ended in each of the last 60 minutes, by final state (reads
+-- ix_agent_action_ended); `minute` counts back from the current one (0 = this minute).
+SELECT (extract(epoch FROM date_trunc('minute', now()) - date_trunc('minute', ended_at)) / 60)::int
+           AS minute,
+       state, count(*) AS n
+  FROM {schema}.agent_action
+ WHERE ended_at IS NOT NULL AND ended_at >= date_trunc('minute', now()) - interval '59 minutes'
+ GROUP BY 1, 2
+
+-- name: console_blocked_lanes
+-- Console: lanes whose head cannot run now, oldest head first, each with why: the action that
+-- holds the lane and its lease, an erased write's hold, or the head's own wait for a retry or
+-- an admission; and how many actions wait in the lane (counted up to 1000).
+SELECT l.lane_key, l.busy_until, now() AS db_now,
+       h.id AS head_id, h.kind AS head_kind, h.state AS head_state, h.attempt AS head_attempt,
+       h.max_attempts AS head_max_attempts, h.retry_reason AS head_retry_reason,
+       h.available_at AS head_available_at, h.created_at AS head_created_at,
+       x.id AS holder_id, x.kind AS holder_kind, x.attempt AS holder_attempt,
+       x.lease_until AS holder_lease_until, x.write_started_at AS holder_write_started_at,
+       (SELECT count(*) FROM (SELECT 1 FROM {schema}.agent_action w
+                               WHERE w.lane_key = l.lane_key
+                                 AND w.state IN ('PROPOSED', 'ADMITTED')
+                               LIMIT 1000) c) AS waiting
+  FROM {schema}.agent_action_lane l
+  JOIN {schema}.agent_action h ON h.id = l.head_id
+  LEFT JOIN {schema}.agent_action x ON x.id = l.executing_id
+ WHERE l.executing_id IS NOT NULL
+    OR l.busy_until > now()
+    OR h.state = 'PROPOSED'
+    OR (h.attempt > 0 AND h.available_at > now())
+ ORDER BY l.head_id
+ LIMIT %(limit)s
+
+-- name: console_uncertain_page
+-- Console: UNCERTAIN actions, newest first below the keyset `before`, each with the provider's
+-- reference of its latest attempt that recorded one (for email the Message-ID) and its
+-- resolution, if a person recorded one.
+SELECT a.id, a.kind, a.lane_key, a.stop_reason, a.attempt, a.max_attempts, a.ended_at,
+       p.provider_ref, r.outcome AS resolution, r.resolved_by, r.resolved_at
+  FROM {schema}.agent_action a
+  LEFT JOIN LATERAL (SELECT t.provider_ref FROM {schema}.agent_action_attempt t
+                      WHERE t.action_id = a.id AND t.provider_ref IS NOT NULL
+                      ORDER BY t.epoch DESC LIMIT 1) p ON true
+  LEFT JOIN {schema}.agent_action_resolution r ON r.action_id = a.id
+ WHERE a.state = 'UNCERTAIN'
+   AND (%(unresolved)s::boolean IS NOT TRUE OR r.action_id IS NULL)
+   AND (%(before)s::bigint IS NULL OR a.id < %(before)s::bigint)
+ ORDER BY a.id DESC
+ LIMIT %(limit)s
