@@ -123,8 +123,9 @@ def _token_params(token: FenceToken) -> dict[str, int]:
     return {"id": token.action_id, "epoch": token.epoch}
 
 
-def _first(pair: tuple[FenceToken, Any]) -> FenceToken:
-    return pair[0]
+def _first(request: tuple[Any, ...]) -> FenceToken:
+    token: FenceToken = request[0]
+    return token
 
 
 def _identity(token: FenceToken) -> FenceToken:
