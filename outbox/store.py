@@ -13,7 +13,7 @@ import contextvars
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from psycopg import AsyncConnection
@@ -107,6 +107,13 @@ def release_claims_operation(
     return list(_by_token(rows))
 
 
+#: A fence a caller asks for: its token, the write margin, the provider reference it records,
+#: and the claim's time (starts an in-process attempt's history row).
+FenceRequest = tuple[FenceToken, timedelta, str | None, datetime | None]
+#: A finish a caller asks for: its token, what it writes, and the claim's time (as above).
+FinishRequest = tuple[FenceToken, Finish, datetime | None]
+
+
 def _by_token(rows: list[dict[str, Any]]) -> dict[FenceToken, dict[str, Any]]:
     """The rows a batched statement returned, by the token each answers."""
     return {FenceToken(row["id"], row["epoch"]): row for row in rows}
@@ -116,8 +123,9 @@ def _token_params(token: FenceToken) -> dict[str, int]:
     return {"id": token.action_id, "epoch": token.epoch}
 
 
-def _first(pair: tuple[FenceToken, Any]) -> FenceToken:
-    return pair[0]
+def _first(request: tuple[Any, ...]) -> FenceToken:
+    token: FenceToken = request[0]
+    return token
 
 
 def _identity(token: FenceToken) -> FenceToken:
@@ -137,10 +145,10 @@ class Store:
         self._take: GroupWriter[FenceToken, FenceToken, ClaimedAction] = GroupWriter(
             "take_attempt", self._take_many, self._take_one, _identity
         )
-        self._fence: GroupWriter[tuple[FenceToken, timedelta], FenceToken, bool] = GroupWriter(
+        self._fence: GroupWriter[FenceRequest, FenceToken, bool] = GroupWriter(
             "begin_write", self._fence_many, self._fence_one, _first
         )
-        self._finish: GroupWriter[tuple[FenceToken, Finish], FenceToken, bool] = GroupWriter(
+        self._finish: GroupWriter[FinishRequest, FenceToken, bool] = GroupWriter(
             "finish", self._finish_many, self._finish_one, _first
         )
 
@@ -167,36 +175,37 @@ class Store:
         rows = await self._rows("take_attempts", params)
         return {token: _claimed([row])[0] for token, row in _by_token(rows).items()}
 
-    async def _fence_one(self, fence: tuple[FenceToken, timedelta]) -> bool:
-        token, margin = fence
-        return bool(await self._rows("begin_write", {**_token_params(token), "margin": margin}))
+    async def _fence_one(self, fence: FenceRequest) -> bool:
+        token, margin, ref, claimed_at = fence
+        params = {**_token_params(token), "margin": margin, "ref": ref, "claimed_at": claimed_at}
+        return bool(await self._rows("begin_write", params))
 
-    async def _fence_many(
-        self, fences: Sequence[tuple[FenceToken, timedelta]]
-    ) -> dict[FenceToken, bool]:
+    async def _fence_many(self, fences: Sequence[FenceRequest]) -> dict[FenceToken, bool]:
         params = {
-            "ids": [t.action_id for t, _ in fences],
-            "epochs": [t.epoch for t, _ in fences],
-            "margins": [margin for _, margin in fences],
+            "ids": [f[0].action_id for f in fences],
+            "epochs": [f[0].epoch for f in fences],
+            "margins": [f[1] for f in fences],
+            "refs": [f[2] for f in fences],
+            "claimed_ats": [f[3] for f in fences],
         }
         return dict.fromkeys(_by_token(await self._rows("begin_writes", params)), True)
 
-    async def _finish_one(self, finish: tuple[FenceToken, Finish]) -> bool:
+    async def _finish_one(self, finish: FinishRequest) -> bool:
         return bool(await self._finish_many([finish]))
 
-    async def _finish_many(
-        self, finishes: Sequence[tuple[FenceToken, Finish]]
-    ) -> dict[FenceToken, bool]:
+    async def _finish_many(self, finishes: Sequence[FinishRequest]) -> dict[FenceToken, bool]:
         # One statement for every finish, one row or many: ends, retries and deferrals alike.
         params = {
-            "ids": [t.action_id for t, _ in finishes],
-            "epochs": [t.epoch for t, _ in finishes],
-            "states": [f.state.value for _, f in finishes],
-            "stop_reasons": [f.stop_reason for _, f in finishes],
-            "refs": [f.ref for _, f in finishes],
-            "retry_reasons": [f.retry_reason for _, f in finishes],
-            "afters": [f.after for _, f in finishes],
-            "gives_back": [f.gives_back_attempt for _, f in finishes],
+            "ids": [t.action_id for t, _, _ in finishes],
+            "epochs": [t.epoch for t, _, _ in finishes],
+            "states": [f.state.value for _, f, _ in finishes],
+            "stop_reasons": [f.stop_reason for _, f, _ in finishes],
+            "refs": [f.ref for _, f, _ in finishes],
+            "retry_reasons": [f.retry_reason for _, f, _ in finishes],
+            "afters": [f.after for _, f, _ in finishes],
+            "gives_back": [f.gives_back_attempt for _, f, _ in finishes],
+            "error_classes": [f.error_class for _, f, _ in finishes],
+            "claimed_ats": [claimed_at for _, _, claimed_at in finishes],
         }
         return dict.fromkeys(_by_token(await self._rows("finish_many", params)), True)
 
@@ -226,15 +235,25 @@ class Store:
         Abandoned)."""
         return await self._take(token)
 
-    async def begin_write(self, token: FenceToken, margin: timedelta) -> bool:
+    async def begin_write(
+        self,
+        token: FenceToken,
+        margin: timedelta,
+        ref: str | None = None,
+        claimed_at: datetime | None = None,
+    ) -> bool:
         """The fence: marks the write as started while the token's epoch holds and at least
-        ``margin`` of the lease is left."""
-        return bool(await self._fence((token, margin)))
+        ``margin`` of the lease is left, and records it (with the provider reference ``ref``, if
+        the adapter knows one before its call) in the attempt's history row. ``claimed_at``
+        starts that row for an in-process attempt (its claim was its take)."""
+        return bool(await self._fence((token, margin, ref, claimed_at)))
 
-    async def finish(self, token: FenceToken, finish: Finish) -> bool:
-        """Writes ``finish`` (an end or a wait) if the token's epoch still holds; True when it
-        did."""
-        return bool(await self._finish((token, finish)))
+    async def finish(
+        self, token: FenceToken, finish: Finish, claimed_at: datetime | None = None
+    ) -> bool:
+        """Writes ``finish`` (an end or a wait) if the token's epoch still holds, and ends the
+        attempt's history row; True when it did. ``claimed_at`` as for ``begin_write``."""
+        return bool(await self._finish((token, finish, claimed_at)))
 
     async def in_flight(self, kinds: Iterable[str]) -> dict[str, int]:
         """Claimed-and-unfinished actions per kind, with a lease that still runs."""

@@ -185,14 +185,30 @@ WITH lost AS (
      ORDER BY a.lease_until
      LIMIT %(limit)s
        FOR UPDATE OF a SKIP LOCKED
+), ended AS (
+    UPDATE {schema}.agent_action a
+       SET state = CASE WHEN lost.wrote THEN 'UNCERTAIN' ELSE 'FAILED' END,
+           stop_reason = CASE WHEN lost.wrote THEN 'LEASE_LOST_AFTER_WRITE' ELSE 'ATTEMPTS_EXHAUSTED' END,
+           payload = NULL, ended_at = now()
+      FROM lost
+     WHERE a.id = lost.id
+    RETURNING a.id, a.epoch, a.kind, a.state, a.stop_reason, lost.wrote
+), history AS (
+    -- The lost attempt's row ends: its worker never finished it (LEASE_EXPIRED, or the write
+    -- may have happened: LEASE_LOST_AFTER_WRITE).
+    UPDATE {schema}.agent_action_attempt h
+       SET ended_at = now(), result = e.state,
+           reason = CASE WHEN e.wrote THEN 'LEASE_LOST_AFTER_WRITE' ELSE 'LEASE_EXPIRED' END
+      FROM ended e
+     WHERE h.action_id = e.id AND h.epoch = e.epoch AND h.ended_at IS NULL
+), parked AS (
+    INSERT INTO {schema}.agent_action_parked_payload (action_id, payload)
+    SELECT o.id, o.payload
+      FROM ended e JOIN {schema}.agent_action o ON o.id = e.id
+     WHERE o.payload IS NOT NULL
+    ON CONFLICT (action_id) DO NOTHING
 )
-UPDATE {schema}.agent_action a
-   SET state = CASE WHEN lost.wrote THEN 'UNCERTAIN' ELSE 'FAILED' END,
-       stop_reason = CASE WHEN lost.wrote THEN 'LEASE_LOST_AFTER_WRITE' ELSE 'ATTEMPTS_EXHAUSTED' END,
-       payload = NULL, ended_at = now()
-  FROM lost
- WHERE a.id = lost.id
-RETURNING a.id, a.kind, a.state, a.stop_reason
+SELECT id, kind, state, stop_reason FROM ended
 
 -- name: expire_waiting
 -- Waiting actions past expires_at end CANCELLED EXPIRED.
@@ -203,23 +219,42 @@ WITH gone AS (
      ORDER BY a.expires_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), expired AS (
+    UPDATE {schema}.agent_action a
+       SET state = 'CANCELLED', stop_reason = 'EXPIRED', payload = NULL, ended_at = now()
+      FROM gone
+     WHERE a.id = gone.id
+    RETURNING a.id, a.kind, a.state, a.stop_reason
+), parked AS (
+    -- Kept for an operator's retry, as every end other than DONE.
+    INSERT INTO {schema}.agent_action_parked_payload (action_id, payload)
+    SELECT o.id, o.payload
+      FROM expired e JOIN {schema}.agent_action o ON o.id = e.id
+     WHERE o.payload IS NOT NULL
+    ON CONFLICT (action_id) DO NOTHING
 )
-UPDATE {schema}.agent_action a
-   SET state = 'CANCELLED', stop_reason = 'EXPIRED', payload = NULL, ended_at = now()
-  FROM gone
- WHERE a.id = gone.id
-RETURNING a.id, a.kind, a.state, a.stop_reason
+SELECT id, kind, state, stop_reason FROM expired
 
 -- name: take_attempt
 -- A worker takes the executing action a message names, once per epoch: nothing when the epoch
 -- moved, the action ended or was erased, or another delivery of this epoch took it first. The
 -- take is the run: it raises the attempt and starts the lease afresh (a message may have
--- waited in the broker for most of the claim's lease).
-UPDATE {schema}.agent_action a
-   SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
- WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
-   AND a.taken_epoch IS DISTINCT FROM a.epoch
-RETURNING a.*, a.lease_until - now() AS lease_left
+-- waited in the broker for most of the claim's lease). The attempt's history row starts here:
+-- the claim's time is its lease's start, read from the row as it was before this take (a
+-- sibling of an UPDATE in one WITH reads the statement's snapshot, not the update's rows).
+WITH taken AS (
+    UPDATE {schema}.agent_action a
+       SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
+     WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
+       AND a.taken_epoch IS DISTINCT FROM a.epoch
+    RETURNING a.*, a.lease_until - now() AS lease_left
+), history AS (
+    INSERT INTO {schema}.agent_action_attempt (action_id, epoch, attempt, claimed_at, taken_at)
+    SELECT t.id, t.epoch, t.attempt, o.lease_until - %(lease)s::interval, now()
+      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
+    ON CONFLICT (action_id, epoch) DO NOTHING
+)
+SELECT * FROM taken
 
 -- name: claim_lock
 -- Serialises the dispatch claimers' bounded claims (count in flight, then claim) for one schema,
@@ -259,33 +294,67 @@ LISTEN {channel}
 
 -- name: begin_write
 -- The fence: the write starts only while this claim's epoch holds and at least the write margin
--- of its lease is left.
-UPDATE {schema}.agent_action SET write_started_at = now()
- WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
-   AND lease_until - now() >= %(margin)s
-RETURNING id
+-- of its lease is left. The attempt's history row records the fence and the provider reference
+-- the adapter gave (an email's Message-ID, known before the send); an in-process attempt, whose
+-- claim was its take, starts its row here (`claimed_at`: the claim's lease start).
+WITH fenced AS (
+    UPDATE {schema}.agent_action a SET write_started_at = now()
+     WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
+       AND a.lease_until - now() >= %(margin)s
+    RETURNING a.id, a.epoch, a.attempt
+), history AS (
+    INSERT INTO {schema}.agent_action_attempt AS h
+        (action_id, epoch, attempt, claimed_at, taken_at, fence_passed_at, provider_ref)
+    SELECT f.id, f.epoch, f.attempt, %(claimed_at)s::timestamptz, %(claimed_at)s::timestamptz,
+           now(), %(ref)s::text
+      FROM fenced f
+    ON CONFLICT (action_id, epoch) DO UPDATE
+       SET fence_passed_at = excluded.fence_passed_at,
+           provider_ref = coalesce(excluded.provider_ref, h.provider_ref)
+)
+SELECT id FROM fenced
 
 -- name: take_attempts
 -- take_attempt for many messages in one statement (outbox/batching.py): each row keeps its own
 -- epoch and once-per-epoch check. The batched statements reach each row by `a.id = m.id`
 -- alone, so the plan probes the primary key once per batch row (or hashes the batch): an
 -- `a.id = ANY(ids)` scan beside it let the generic plan join the batch in a nested loop with a
--- join filter, n x n comparisons (65,280 at 256 rows).
-UPDATE {schema}.agent_action a
-   SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
-  FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
- WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
-   AND a.taken_epoch IS DISTINCT FROM a.epoch
-RETURNING a.*, a.lease_until - now() AS lease_left
+-- join filter, n x n comparisons (65,280 at 256 rows). History rows as in take_attempt.
+WITH taken AS (
+    UPDATE {schema}.agent_action a
+       SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
+      FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
+     WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+       AND a.taken_epoch IS DISTINCT FROM a.epoch
+    RETURNING a.*, a.lease_until - now() AS lease_left
+), history AS (
+    INSERT INTO {schema}.agent_action_attempt (action_id, epoch, attempt, claimed_at, taken_at)
+    SELECT t.id, t.epoch, t.attempt, o.lease_until - %(lease)s::interval, now()
+      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
+    ON CONFLICT (action_id, epoch) DO NOTHING
+)
+SELECT * FROM taken
 
 -- name: begin_writes
 -- begin_write for many attempts in one statement: each row keeps its own epoch and margin check.
-UPDATE {schema}.agent_action a SET write_started_at = now()
-  FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(margins)s::interval[])
-       AS m(id, epoch, margin)
- WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'  -- see take_attempts
-   AND a.lease_until - now() >= m.margin
-RETURNING a.id, a.epoch
+WITH fenced AS (
+    UPDATE {schema}.agent_action a SET write_started_at = now()
+      FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(margins)s::interval[],
+                  %(refs)s::text[], %(claimed_ats)s::timestamptz[])
+           AS m(id, epoch, margin, ref, claimed_at)
+     WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'  -- see take_attempts
+       AND a.lease_until - now() >= m.margin
+    RETURNING a.id, a.epoch, a.attempt, m.ref, m.claimed_at
+), history AS (
+    INSERT INTO {schema}.agent_action_attempt AS h
+        (action_id, epoch, attempt, claimed_at, taken_at, fence_passed_at, provider_ref)
+    SELECT f.id, f.epoch, f.attempt, f.claimed_at, f.claimed_at, now(), f.ref
+      FROM fenced f
+    ON CONFLICT (action_id, epoch) DO UPDATE
+       SET fence_passed_at = excluded.fence_passed_at,
+           provider_ref = coalesce(excluded.provider_ref, h.provider_ref)
+)
+SELECT id, epoch FROM fenced
 
 -- name: finish_many
 -- Every attempt's finish, for one attempt or many in one statement (outbox/batching.py), each
@@ -295,6 +364,11 @@ RETURNING a.id, a.epoch
 -- ended_at. A wait (ADMITTED: a retry, a deferral) is due again `after` from now with its
 -- retry_reason, its lease and fence cleared (the write's start kept as earlier_write_at, for a
 -- read-back adapter), and a deferral gives its attempt back. Rows as in take_attempts.
+-- The attempt's history row ends with it (its result, reason, provider reference and error
+-- class; an in-process attempt's row starts here if its fence did not start it), and an end
+-- other than DONE parks the payload for an operator's resend or retry (read in the statement's
+-- snapshot, before the update dropped it; only those rows are probed).
+WITH finished AS (
 UPDATE {schema}.agent_action a
    SET state = m.state,
        stop_reason = CASE WHEN m.waits THEN a.stop_reason ELSE m.stop_reason END,
@@ -312,10 +386,33 @@ UPDATE {schema}.agent_action a
   FROM (SELECT u.*, u.state = 'ADMITTED' AS waits
           FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(states)s::text[],
                       %(stop_reasons)s::text[], %(refs)s::text[], %(retry_reasons)s::text[],
-                      %(afters)s::interval[], %(gives_back)s::boolean[])
-               AS u(id, epoch, state, stop_reason, ref, retry_reason, after, gives_back)) m
+                      %(afters)s::interval[], %(gives_back)s::boolean[],
+                      %(error_classes)s::text[], %(claimed_ats)s::timestamptz[])
+               AS u(id, epoch, state, stop_reason, ref, retry_reason, after, gives_back,
+                    error_class, claimed_at)) m
  WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
-RETURNING a.id, a.epoch
+RETURNING a.id, a.epoch, a.attempt + m.gives_back::int AS attempt, m.state, m.waits,
+          m.gives_back, m.stop_reason, m.retry_reason, m.ref, m.error_class, m.claimed_at
+), history AS (
+    INSERT INTO {schema}.agent_action_attempt AS h
+        (action_id, epoch, attempt, claimed_at, taken_at, ended_at, result, reason,
+         provider_ref, error_class)
+    SELECT f.id, f.epoch, f.attempt, f.claimed_at, f.claimed_at, now(),
+           CASE WHEN f.gives_back THEN 'DEFER' WHEN f.waits THEN 'RETRY' ELSE f.state END,
+           coalesce(f.retry_reason, f.stop_reason), f.ref, f.error_class
+      FROM finished f
+    ON CONFLICT (action_id, epoch) DO UPDATE
+       SET ended_at = excluded.ended_at, result = excluded.result, reason = excluded.reason,
+           provider_ref = coalesce(excluded.provider_ref, h.provider_ref),
+           error_class = excluded.error_class
+), parked AS (
+    INSERT INTO {schema}.agent_action_parked_payload (action_id, payload)
+    SELECT o.id, o.payload
+      FROM finished f JOIN {schema}.agent_action o ON o.id = f.id
+     WHERE f.state IN ('UNCERTAIN', 'FAILED', 'CANCELLED') AND o.payload IS NOT NULL
+    ON CONFLICT (action_id) DO NOTHING
+)
+SELECT id, epoch FROM finished
 
 -- name: make_due
 -- Tests only (outbox.testing.drain): every admitted action that waits becomes due now.
