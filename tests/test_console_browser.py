@@ -123,9 +123,7 @@ def test_pause_and_resume_a_kind(page, ids, database_url, schema):
         assert not paused()
 
 
-def test_off_loopback_a_login_is_required_and_a_wrong_one_refused(
-    page, ids, database_url, schema
-):
+def test_off_loopback_a_login_is_required_and_a_wrong_one_refused(page, ids, database_url, schema):
     with running_console(database_url, schema, host="0.0.0.0", users="alice:s3cret") as console:
         page.goto(f"{console.url}/actions/{ids['lost']}")
         assert page.url.startswith(console.url + "/login")
@@ -155,7 +153,8 @@ def test_typing_in_the_filter_box_survives_a_refresh(page, ids, database_url, sc
             from outbox import ActionRequest, enqueue
 
             late = enqueue(
-                conn, ActionRequest("NOTE", "lane-late", "late-one", workspace_id="w"),
+                conn,
+                ActionRequest("NOTE", "lane-late", "late-one", workspace_id="w"),
                 schema=schema,
             )
         # The results region picks the new action up without a reload...

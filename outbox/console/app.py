@@ -76,11 +76,11 @@ def _require_login() -> Response | None:
     """Every page but the open ones needs a login when logins are configured; every POST needs
     the session's CSRF token. ``g.actor`` is who acts: the login, else the OS user."""
     state = views.state()
-    endpoint = "queues" if request.path.startswith("/queues") else request.endpoint or ""
+    endpoint = request.endpoint or ""
     user = session.get("user") if state["users"] else None
     if state["users"] and user not in state["users"] and endpoint not in _OPEN_ENDPOINTS:
         session.pop("user", None)
-        if request.method == "GET" and endpoint != "queues":
+        if request.method == "GET":
             return redirect(url_for("views.login", next=request.full_path))
         abort(401)
     g.actor = user if state["users"] else state["os_user"]

@@ -80,21 +80,26 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def setup_dashboard(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "dashboard",
-        aliases=["console"],
-        help="serve the web console: actions, UNCERTAIN, blocked lanes, processes, and the "
-        "operator's verbs (loopback only unless OUTBOX_CONSOLE_USERS is set)",
-    )
-    p.add_argument(
-        "app", nargs="?", metavar="APP", help="module:object of the application's Outbox"
-    )
-    p.add_argument("--database-url", help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL)")
-    p.add_argument("--schema", help="PostgreSQL schema (default: $OUTBOX_SCHEMA or outbox)")
-    p.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on (default 127.0.0.1; any other needs OUTBOX_CONSOLE_USERS)",
-    )
-    p.add_argument("--port", type=port, default=8080, help="port (default 8080; 0 picks one)")
-    p.set_defaults(func=_cmd_dashboard)
+    # Two parsers rather than an argparse alias: the global options are added to each parser
+    # in ``sub.choices``, where an alias would be the same parser twice.
+    for name, help_text in (
+        (
+            "dashboard",
+            "serve the web console: actions, UNCERTAIN, blocked lanes, processes, and the "
+            "operator's verbs (loopback only unless OUTBOX_CONSOLE_USERS is set)",
+        ),
+        ("console", "the same as `outbox dashboard`"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument(
+            "app", nargs="?", metavar="APP", help="module:object of the application's Outbox"
+        )
+        p.add_argument("--database-url", help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL)")
+        p.add_argument("--schema", help="PostgreSQL schema (default: $OUTBOX_SCHEMA or outbox)")
+        p.add_argument(
+            "--host",
+            default="127.0.0.1",
+            help="address to listen on (default 127.0.0.1; any other needs OUTBOX_CONSOLE_USERS)",
+        )
+        p.add_argument("--port", type=port, default=8080, help="port (default 8080; 0 picks one)")
+        p.set_defaults(func=_cmd_dashboard)
