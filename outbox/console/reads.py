@@ -158,6 +158,8 @@ def _why_blocked(lane: dict[str, Any]) -> str:
     if lane["busy_until"] is not None and lane["busy_until"] > now:
         left = (lane["busy_until"] - now).total_seconds()
         return f"held by an erased action's write for {_duration(left)} more (its lease)"
+    if lane["head_kind_paused_by"] is not None:
+        return f"its head's kind {lane['head_kind']} is paused (by {lane['head_kind_paused_by']})"
     if lane["head_state"] == "PROPOSED":
         return f"head #{lane['head_id']} is a proposal waiting to be admitted or refused"
     left = (lane["head_available_at"] - now).total_seconds()

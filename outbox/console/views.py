@@ -4,6 +4,8 @@ UNCERTAIN, blocked lanes, processes; and login, logout, /healthz, /queues."""
 from __future__ import annotations
 
 import re
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,6 +22,7 @@ from flask import (
     session,
     url_for,
 )
+from markupsafe import Markup
 from psycopg import Connection
 from werkzeug.wrappers import Response
 
@@ -65,7 +68,7 @@ def overview() -> str:
     schema = state()["schema"]
     with connection() as conn:
         report = run_sync(conn, status_operation(schema))
-        chart = outcomes_svg(reads.outcomes_per_minute(conn, schema))
+        chart = _chart(conn, schema)
         paused = {p.kind: p for p in paused_kinds(conn, schema=schema)}
         processes = live_processes(conn, schema=schema)
         lanes = reads.blocked_lanes(conn, schema, limit=10)
@@ -82,6 +85,23 @@ def overview() -> str:
         uncertain=uncertain,
         schema=schema,
     )
+
+
+#: The chart is read at most this often (seconds) by one console process, whoever watches:
+#: counting an hour of ended actions is the overview's costliest read under a high throughput.
+CHART_SECONDS = 15.0
+_chart_lock = threading.Lock()
+_charts: dict[str, tuple[float, Markup]] = {}
+
+
+def _chart(conn: Connection[Any], schema: str) -> Markup:
+    with _chart_lock:
+        cached = _charts.get(schema)
+        if cached is not None and time.monotonic() - cached[0] < CHART_SECONDS:
+            return cached[1]
+        chart = outcomes_svg(reads.outcomes_per_minute(conn, schema))
+        _charts[schema] = (time.monotonic(), chart)
+        return chart
 
 
 @blueprint.route("/actions/")

@@ -832,7 +832,8 @@ SELECT (extract(epoch FROM date_trunc('minute', now()) - date_trunc('minute', en
 -- name: console_blocked_lanes
 -- Console: lanes whose head cannot run now, oldest head first, each with why: the action that
 -- holds the lane and its lease, an erased write's hold, or the head's own wait for a retry or
--- an admission; and how many actions wait in the lane (counted up to 1000).
+-- an admission, or its kind is paused; and how many actions wait in the lane (counted up to
+-- 1000).
 SELECT l.lane_key, l.busy_until, now() AS db_now,
        h.id AS head_id, h.kind AS head_kind, h.state AS head_state, h.attempt AS head_attempt,
        h.max_attempts AS head_max_attempts, h.retry_reason AS head_retry_reason,
@@ -842,14 +843,17 @@ SELECT l.lane_key, l.busy_until, now() AS db_now,
        (SELECT count(*) FROM (SELECT 1 FROM {schema}.agent_action w
                                WHERE w.lane_key = l.lane_key
                                  AND w.state IN ('PROPOSED', 'ADMITTED')
-                               LIMIT 1000) c) AS waiting
+                               LIMIT 1000) c) AS waiting,
+       p.paused_by AS head_kind_paused_by
   FROM {schema}.agent_action_lane l
   JOIN {schema}.agent_action h ON h.id = l.head_id
   LEFT JOIN {schema}.agent_action x ON x.id = l.executing_id
+  LEFT JOIN {schema}.agent_action_kind_pause p ON p.kind = h.kind
  WHERE l.executing_id IS NOT NULL
     OR l.busy_until > now()
     OR h.state = 'PROPOSED'
     OR (h.attempt > 0 AND h.available_at > now())
+    OR p.kind IS NOT NULL
  ORDER BY l.head_id
  LIMIT %(limit)s
 
