@@ -241,3 +241,57 @@ def _states_in_lane(database_url: str, schema: str, lane: str) -> dict[str, int]
             (lane,),
         ).fetchall()
     return {state: n for state, n in rows}
+
+
+def test_blocked_lanes_say_why_each_is_blocked(make_outbox, database_url, schema):
+    populate(make_outbox, database_url, schema)
+    q = f'"{schema}".agent_action'
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        ids = {
+            key: enqueue(
+                conn, ActionRequest(NOTE, key.split("-")[0], key, workspace_id="w"), schema=schema
+            ).id
+            for key in ("held-1", "held-2", "retry-1", "retry-2")
+        }
+        # A claim holds lane "held" (its lease runs); lane "retry"'s head came back for a retry.
+        conn.execute(
+            f"UPDATE {q} SET state = 'EXECUTING', epoch = epoch + 1, "
+            "lease_until = now() + interval '5 minutes' WHERE id = %s",
+            (ids["held-1"],),
+        )
+        conn.execute(
+            f"UPDATE {q} SET state = 'EXECUTING', epoch = epoch + 1, attempt = attempt + 1, "
+            "taken_epoch = epoch + 1, lease_until = now() + interval '5 minutes' WHERE id = %s",
+            (ids["retry-1"],),
+        )
+        conn.execute(
+            f"UPDATE {q} SET state = 'ADMITTED', lease_until = NULL, retry_reason = 'SMTP_421', "
+            "available_at = now() + interval '10 minutes' WHERE id = %s",
+            (ids["retry-1"],),
+        )
+        conn.execute(f'SELECT "{schema}".agent_action_lane_intake(1000)')
+    with running_console(database_url, schema) as c, httpx.Client(base_url=c.url) as client:
+        page = client.get("/lanes/").text
+    held = page.split('lane_key=held"', 1)[1].split("</tr>", 1)[0]
+    assert f"#{ids['held-2']}" in held and f"held by #{ids['held-1']}" in held
+    assert "lease ends in 4m" in held
+    retry = page.split('lane_key=retry"', 1)[1].split("</tr>", 1)[0]
+    assert f"head #{ids['retry-1']} waits for its retry in" in retry
+    assert "attempt 1 of 5, last reason SMTP_421" in retry
+
+
+def test_live_processes_are_listed_and_silent_ones_are_not(ids, database_url, schema):
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            f'INSERT INTO "{schema}".outbox_process (process_id, role, host, pid, kinds, '
+            "started_at, last_seen, in_flight) VALUES "
+            "('a:11:0', 'claimer', 'host-a', 11, '{}', now(), now(), 0), "
+            "('b:22:0', 'worker', 'host-b', 22, '{NOTE}', now(), now(), 7), "
+            "('c:33:0', 'worker', 'host-c', 33, '{NOTE}', now(), now() - interval '1 hour', 0)"
+        )
+    with running_console(database_url, schema) as c, httpx.Client(base_url=c.url) as client:
+        page = client.get("/processes/").text
+        health = client.get("/healthz").json()
+    assert "host-a" in page and "host-b" in page and "host-c" not in page
+    assert '<td class="num">7</td>' in page
+    assert health["claimers"] == 1 and health["workers"] == 1
