@@ -299,7 +299,8 @@ LISTEN {channel}
 -- The fence: the write starts only while this claim's epoch holds and at least the write margin
 -- of its lease is left. The attempt's history row records the fence and the provider reference
 -- the adapter gave (an email's Message-ID, known before the send); an in-process attempt, whose
--- claim was its take, starts its row here (`claimed_at`: the claim's lease start).
+-- claim was its take, starts its row here (`claimed_at`: the claim's lease start; now when the
+-- caller does not know it).
 WITH fenced AS (
     UPDATE {schema}.agent_action a SET write_started_at = now()
      WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
@@ -308,8 +309,8 @@ WITH fenced AS (
 ), history AS (
     INSERT INTO {schema}.agent_action_attempt AS h
         (action_id, epoch, attempt, claimed_at, taken_at, fence_passed_at, provider_ref)
-    SELECT f.id, f.epoch, f.attempt, %(claimed_at)s::timestamptz, %(claimed_at)s::timestamptz,
-           now(), %(ref)s::text
+    SELECT f.id, f.epoch, f.attempt, coalesce(%(claimed_at)s::timestamptz, now()),
+           coalesce(%(claimed_at)s::timestamptz, now()), now(), %(ref)s::text
       FROM fenced f
     ON CONFLICT (action_id, epoch) DO UPDATE
        SET fence_passed_at = excluded.fence_passed_at,
@@ -351,7 +352,8 @@ WITH fenced AS (
 ), history AS (
     INSERT INTO {schema}.agent_action_attempt AS h
         (action_id, epoch, attempt, claimed_at, taken_at, fence_passed_at, provider_ref)
-    SELECT f.id, f.epoch, f.attempt, f.claimed_at, f.claimed_at, now(), f.ref
+    SELECT f.id, f.epoch, f.attempt, coalesce(f.claimed_at, now()),
+           coalesce(f.claimed_at, now()), now(), f.ref
       FROM fenced f
     ON CONFLICT (action_id, epoch) DO UPDATE
        SET fence_passed_at = excluded.fence_passed_at,
@@ -400,7 +402,8 @@ RETURNING a.id, a.epoch, a.attempt + m.gives_back::int AS attempt, m.state, m.wa
     INSERT INTO {schema}.agent_action_attempt AS h
         (action_id, epoch, attempt, claimed_at, taken_at, ended_at, result, reason,
          provider_ref, error_class)
-    SELECT f.id, f.epoch, f.attempt, f.claimed_at, f.claimed_at, now(),
+    SELECT f.id, f.epoch, f.attempt, coalesce(f.claimed_at, now()),
+           coalesce(f.claimed_at, now()), now(),
            CASE WHEN f.gives_back THEN 'DEFER' WHEN f.waits THEN 'RETRY' ELSE f.state END,
            coalesce(f.retry_reason, f.stop_reason), f.ref, f.error_class
       FROM finished f
