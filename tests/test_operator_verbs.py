@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from outbox import ActionKind, ActionRequest, Done, Failed, Retry, Uncertain, enqueue
+from outbox import ActionKind, ActionRequest, Done, Failed, Uncertain, enqueue
 from outbox.cli import main
 from outbox.operator import (
     ActionFilter,
@@ -93,7 +93,7 @@ def test_resolve_records_who_what_and_resend_is_made_once(make_outbox, conn, aut
     assert one.resolution.resolved_by == "ann" and one.resolution.note == "not in relay log"
     assert two.resolution == one.resolution
     new = one.resent
-    assert (new.lane_key, new.kind, new.payload) == (f"lane-u1", NOTE.name, {"note": "u1"})
+    assert (new.lane_key, new.kind, new.payload) == ("lane-u1", NOTE.name, {"note": "u1"})
     count = auto.execute(f'SELECT count(*) FROM "{schema}".agent_action').fetchone()[0]
     assert count == 2
     drain(ob)
