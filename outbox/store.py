@@ -52,10 +52,20 @@ def _claimed(rows: list[dict[str, Any]]) -> list[ClaimedAction]:
 INTAKE_BATCH = 5000
 
 
-def intake_operation(schema: str) -> Operation[int]:
-    """Folds up to ``INTAKE_BATCH`` lane-intake rows into the lane rows; returns how many."""
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """What a claim's first statement said: how many lane-intake rows it folded, and which
+    kinds an operator paused (none of their actions is claimed)."""
+
+    folded: int
+    paused: frozenset[str]
+
+
+def intake_operation(schema: str) -> Operation[Intake]:
+    """Folds up to ``INTAKE_BATCH`` lane-intake rows into the lane rows; returns how many, and
+    the paused kinds."""
     rows = yield Statement(queries_for(schema)["lane_intake"], {"limit": INTAKE_BATCH})
-    return int(rows[0]["folded"])
+    return Intake(int(rows[0]["folded"]), frozenset(rows[0]["paused"]))
 
 
 def claim_operation(
@@ -74,15 +84,17 @@ def claim_operation(
     ``limits`` maps each kind to the most actions of that kind to claim now. With ``take`` the
     claim is also the take (an in-process executor runs what it claims): the attempt rises and
     the payload is returned. Without, the claimed actions carry no payload (a claimer pushes only
-    ``(id, epoch)``, and a payload may be large).
+    ``(id, epoch)``, and a payload may be large). A kind an operator paused is skipped (the
+    intake says which; a caller that folded it passes no limit for them).
     """
     q = queries_for(schema)
+    paused: frozenset[str] = frozenset()
     if intake:
-        yield from intake_operation(schema)
+        paused = (yield from intake_operation(schema)).paused
     claimed: list[ClaimedAction] = []
     # Statements a kind, so that each kind's bound holds and each is an index range scan.
     for kind, limit in limits.items():
-        if limit <= 0:
+        if limit <= 0 or kind in paused:
             continue
         params = {"kind": kind, "limit": limit, "lease": lease, "take": take}
         rows = yield Statement(q["claim_reclaims"], params)

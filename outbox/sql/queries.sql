@@ -95,8 +95,11 @@ RETURNING *, false AS created
 -- name: lane_intake
 -- Folds up to `limit` lane-intake rows (what enqueues, admits, refusals, expiries and erasures
 -- left) into the lane rows, before a claim reads them (function in migration 0005). Never waits
--- on a lane row; returns how many intake rows it folded.
-SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded
+-- on a lane row; returns how many intake rows it folded, and the kinds an operator paused (read
+-- here, in a statement every claim runs anyway, so a pause costs the claim nothing).
+SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
+       (SELECT coalesce(array_agg(p.kind), '{}') FROM {schema}.agent_action_kind_pause p)
+           AS paused
 
 -- name: claim_heads
 -- Due, idle lane heads of one kind become EXECUTING under a lease: the epoch rises, the
@@ -296,7 +299,8 @@ LISTEN {channel}
 -- The fence: the write starts only while this claim's epoch holds and at least the write margin
 -- of its lease is left. The attempt's history row records the fence and the provider reference
 -- the adapter gave (an email's Message-ID, known before the send); an in-process attempt, whose
--- claim was its take, starts its row here (`claimed_at`: the claim's lease start).
+-- claim was its take, starts its row here (`claimed_at`: the claim's lease start; now when the
+-- caller does not know it).
 WITH fenced AS (
     UPDATE {schema}.agent_action a SET write_started_at = now()
      WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
@@ -305,8 +309,8 @@ WITH fenced AS (
 ), history AS (
     INSERT INTO {schema}.agent_action_attempt AS h
         (action_id, epoch, attempt, claimed_at, taken_at, fence_passed_at, provider_ref)
-    SELECT f.id, f.epoch, f.attempt, %(claimed_at)s::timestamptz, %(claimed_at)s::timestamptz,
-           now(), %(ref)s::text
+    SELECT f.id, f.epoch, f.attempt, coalesce(%(claimed_at)s::timestamptz, now()),
+           coalesce(%(claimed_at)s::timestamptz, now()), now(), %(ref)s::text
       FROM fenced f
     ON CONFLICT (action_id, epoch) DO UPDATE
        SET fence_passed_at = excluded.fence_passed_at,
@@ -348,7 +352,8 @@ WITH fenced AS (
 ), history AS (
     INSERT INTO {schema}.agent_action_attempt AS h
         (action_id, epoch, attempt, claimed_at, taken_at, fence_passed_at, provider_ref)
-    SELECT f.id, f.epoch, f.attempt, f.claimed_at, f.claimed_at, now(), f.ref
+    SELECT f.id, f.epoch, f.attempt, coalesce(f.claimed_at, now()),
+           coalesce(f.claimed_at, now()), now(), f.ref
       FROM fenced f
     ON CONFLICT (action_id, epoch) DO UPDATE
        SET fence_passed_at = excluded.fence_passed_at,
@@ -397,7 +402,8 @@ RETURNING a.id, a.epoch, a.attempt + m.gives_back::int AS attempt, m.state, m.wa
     INSERT INTO {schema}.agent_action_attempt AS h
         (action_id, epoch, attempt, claimed_at, taken_at, ended_at, result, reason,
          provider_ref, error_class)
-    SELECT f.id, f.epoch, f.attempt, f.claimed_at, f.claimed_at, now(),
+    SELECT f.id, f.epoch, f.attempt, coalesce(f.claimed_at, now()),
+           coalesce(f.claimed_at, now()), now(),
            CASE WHEN f.gives_back THEN 'DEFER' WHEN f.waits THEN 'RETRY' ELSE f.state END,
            coalesce(f.retry_reason, f.stop_reason), f.ref, f.error_class
       FROM finished f
@@ -507,12 +513,20 @@ SELECT h.kind, count(*) AS lanes
 SELECT kind, state, count(*) AS n FROM {schema}.agent_action GROUP BY kind, state ORDER BY kind, state
 
 -- name: latest_ended_in_state
--- Status: the most recently ended actions in one state, newest first, without their payload.
-SELECT id, kind, state, stop_reason, retry_reason, workspace_id, lane_key, attempt, max_attempts,
-       created_at, ended_at
-  FROM {schema}.agent_action
- WHERE ended_at IS NOT NULL AND state = %(state)s
- ORDER BY ended_at DESC, id DESC
+-- Status: the most recently ended actions in one state, newest first, without their payload,
+-- each with the provider reference its latest attempt recorded (an UNCERTAIN email's
+-- Message-ID) and a person's resolution, if any.
+SELECT a.id, a.kind, a.state, a.stop_reason, a.retry_reason, a.workspace_id, a.lane_key,
+       a.attempt, a.max_attempts, a.created_at, a.ended_at,
+       coalesce(a.readback_ref,
+                (SELECT h.provider_ref FROM {schema}.agent_action_attempt h
+                  WHERE h.action_id = a.id AND h.provider_ref IS NOT NULL
+                  ORDER BY h.epoch DESC LIMIT 1)) AS provider_ref,
+       r.outcome AS resolution, r.resolved_by
+  FROM {schema}.agent_action a
+  LEFT JOIN {schema}.agent_action_resolution r ON r.action_id = a.id
+ WHERE a.ended_at IS NOT NULL AND a.state = %(state)s
+ ORDER BY a.ended_at DESC, a.id DESC
  LIMIT %(limit)s
 
 -- name: lane_of_action
