@@ -295,3 +295,29 @@ def test_live_processes_are_listed_and_silent_ones_are_not(ids, database_url, sc
     assert "host-a" in page and "host-b" in page and "host-c" not in page
     assert '<td class="num">7</td>' in page
     assert health["claimers"] == 1 and health["workers"] == 1
+
+
+def test_not_delivered_then_sent_again_links_both_ways(ids, database_url, schema):
+    lost = ids["lost"]
+    with running_console(database_url, schema) as c, httpx.Client(base_url=c.url) as client:
+        token = csrf_of(client, f"/actions/{lost}")
+        form = {"csrf_token": token, "outcome": "not-delivered", "note": "bounced"}
+        assert client.post(f"/actions/{lost}/resolve", data=form).status_code == 302
+        page = client.get(f"/actions/{lost}").text
+        assert "Send it again" in page and "NOT_DELIVERED</strong> by" in page
+        again = client.post(
+            f"/actions/{lost}/resolve", data={"csrf_token": token, "outcome": "resend"}
+        )
+        assert again.status_code == 302
+        page = client.get(f"/actions/{lost}").text
+        new_id = int(page.split("resent as</dt><dd>", 1)[1].split("#", 1)[1].split("<", 1)[0])
+        assert "Send it again" not in page
+        # ...and the new action names the one it was resent from.
+        new_page = client.get(f"/actions/{new_id}").text
+        assert f'resend of</dt><dd><a href="/actions/{lost}">' in new_page
+        # Resolving the other way now is refused, and says so.
+        other = client.post(
+            f"/actions/{lost}/resolve", data={"csrf_token": token, "outcome": "delivered"}
+        )
+        assert "Refused: " in client.get(other.headers["location"]).text
+    assert _state(database_url, schema, new_id) == "ADMITTED"
