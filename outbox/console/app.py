@@ -81,7 +81,7 @@ def _require_login() -> Response | None:
     if state["users"] and user not in state["users"] and endpoint not in _OPEN_ENDPOINTS:
         session.pop("user", None)
         if request.method == "GET":
-            return redirect(url_for("views.login", next=request.full_path))
+            return redirect(url_for("views.login", next=request.full_path.rstrip("?")))
         abort(401)
     g.actor = user if state["users"] else state["os_user"]
     g.login_required = bool(state["users"])
