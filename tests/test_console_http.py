@@ -321,3 +321,19 @@ def test_not_delivered_then_sent_again_links_both_ways(ids, database_url, schema
         )
         assert "Refused: " in client.get(other.headers["location"]).text
     assert _state(database_url, schema, new_id) == "ADMITTED"
+
+
+def test_the_audit_names_who_did_what_from_the_console(ids, database_url, schema):
+    with (
+        running_console(database_url, schema, users="alice:s3cret") as c,
+        httpx.Client(base_url=c.url) as client,
+    ):
+        token = csrf_of(client, "/login")
+        login = {"csrf_token": token, "name": "alice", "password": "s3cret"}
+        assert client.post("/login", data=login).status_code == 302
+        token = csrf_of(client, "/")
+        client.post(f"/actions/{ids['waiting']}/cancel", data={"csrf_token": token})
+        audit = client.get("/audit/").text
+        row = audit.split("<tbody>", 1)[1].split("</tr>", 1)[0]
+        assert "alice" in row and "cancel" in row and f"#{ids['waiting']}" in row
+        assert "alice" in client.get(f"/actions/{ids['waiting']}").text.split("Operator actions")[1]

@@ -33,7 +33,7 @@ from outbox.console.chart import outcomes_svg
 from outbox.console.health import health
 from outbox.console.queues import serve_queues
 from outbox.errors import ActionNotFound
-from outbox.operator import action_record, live_processes, paused_kinds
+from outbox.operator import action_record, live_processes, paused_kinds, recent_audit
 from outbox.queries import queries_for
 from outbox.state import ActionState
 from outbox.status import status_operation
@@ -131,7 +131,10 @@ def action(action_id: int) -> tuple[str, int] | str:
             {"id": action_id, "lane_key": record.action.lane_key},
         ).fetchone()
         paused = {p.kind for p in paused_kinds(conn, schema=schema)}
-    return _page("action.html", record=record, a=record.action, lane=lane, paused=paused)
+        audit = recent_audit(conn, action_id=action_id, limit=20, schema=schema)
+    return _page(
+        "action.html", record=record, a=record.action, lane=lane, paused=paused, audit=audit
+    )
 
 
 @blueprint.route("/uncertain/")
@@ -156,6 +159,13 @@ def processes() -> str:
     with connection() as conn:
         rows = live_processes(conn, schema=state()["schema"])
     return _page("processes.html", processes=rows)
+
+
+@blueprint.route("/audit/")
+def audit() -> str:
+    with connection() as conn:
+        rows = recent_audit(conn, limit=100, schema=state()["schema"])
+    return _page("audit.html", audit=rows)
 
 
 @blueprint.route("/healthz")
