@@ -201,6 +201,8 @@ def test_healthz_answers_within_two_seconds_with_the_database_down_and_names_pro
                 down = client.get("/healthz", timeout=10)
                 assert time.monotonic() - started < 2.0
                 assert down.status_code == 503 and down.json()["status"] == "unavailable"
+            page = client.get("/", timeout=30)
+            assert page.status_code == 503 and "could not be read" in page.text
             pg.start()
             deadline = time.monotonic() + 30
             while client.get("/healthz", timeout=10).status_code != 200:

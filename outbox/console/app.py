@@ -4,18 +4,22 @@
 from __future__ import annotations
 
 import getpass
+import logging
 import secrets
 from datetime import timedelta
 from typing import Any
 
-from flask import Flask, abort, g, redirect, request, session, url_for
-from psycopg_pool import ConnectionPool
+import psycopg
+from flask import Flask, abort, g, redirect, render_template, request, session, url_for
+from psycopg_pool import ConnectionPool, PoolTimeout
 from werkzeug.wrappers import Response
 
 from outbox.console import acting, views
 from outbox.console.auth import parse_users
 from outbox.console.csrf import check_csrf, csrf_token
 from outbox.console.queues import queues_app
+
+log = logging.getLogger("outbox.console")
 
 #: Requests that need no login: the login form itself, the probe, the static files.
 _OPEN_ENDPOINTS = frozenset({"views.login", "views.healthz", "static"})
@@ -60,6 +64,8 @@ def create_app(
     app.jinja_env.autoescape = True
     app.register_blueprint(views.blueprint)
     app.register_blueprint(acting.blueprint)
+    app.register_error_handler(psycopg.OperationalError, _database_down)
+    app.register_error_handler(PoolTimeout, _database_down)
     app.before_request(_require_login)
     app.after_request(_headers)
     return app
@@ -88,6 +94,16 @@ def _require_login() -> Response | None:
     if request.method == "POST":
         check_csrf()
     return None
+
+
+def _database_down(error: Exception) -> tuple[str, int]:
+    """A page that could not be read: 503 with the reason's class (never its text, which may
+    carry a host or a query), so the refresh keeps showing the last data and says why."""
+    log.warning("console: the database could not be read (%s)", type(error).__name__)
+    page = render_template(
+        "unavailable.html", refresh=0, states=views.STATES, error=type(error).__name__
+    )
+    return page, 503
 
 
 def _headers(response: Response) -> Response:
