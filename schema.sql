@@ -282,7 +282,8 @@ CREATE TABLE outbox.agent_action_attempt (
     reason text,
     provider_ref text,
     error_class text
-);
+)
+WITH (fillfactor='50');
 
 -- sequence agent_action_id_seq
 

@@ -91,7 +91,7 @@ class ActionExecutor:
             action, self.store, self.settings.write_margin, deadline, self._claimed_at(action)
         )
         result = await self._execute(adapter, attempt)
-        return await self._finish(action, result, attempt.error_class)
+        return await self._finish(action, result, attempt.error_class, attempt.fence_passed)
 
     async def _execute(self, adapter: ActionAdapter, attempt: ActionAttempt) -> Result:
         if held_connections.get():
@@ -146,14 +146,18 @@ class ActionExecutor:
         return action.lease_until - self.store.lease if action.lease_until else None
 
     async def _finish(
-        self, action: Action, result: Result, error_class: str | None = None
+        self,
+        action: Action,
+        result: Result,
+        error_class: str | None = None,
+        fenced: bool = False,
     ) -> Outcome:
         """Writes the result's one finish under the action's token and reports it."""
         finish = finish_for(result, action, self.settings)
         if finish is not None and error_class is not None:
             finish = replace(finish, error_class=error_class)
         recorded = finish is not None and await self.store.finish(
-            action.token, finish, self._claimed_at(action)
+            action.token, finish, self._claimed_at(action), fenced=fenced
         )
         outcome = Outcome(
             action.id,

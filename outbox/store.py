@@ -122,8 +122,9 @@ def release_claims_operation(
 #: A fence a caller asks for: its token, the write margin, the provider reference it records,
 #: and the claim's time (starts an in-process attempt's history row).
 FenceRequest = tuple[FenceToken, timedelta, str | None, datetime | None]
-#: A finish a caller asks for: its token, what it writes, and the claim's time (as above).
-FinishRequest = tuple[FenceToken, Finish, datetime | None]
+#: A finish a caller asks for: its token, what it writes, the claim's time (as above), and
+#: whether this attempt passed its fence (its history row then keeps the fence's time).
+FinishRequest = tuple[FenceToken, Finish, datetime | None, bool]
 
 
 def _by_token(rows: list[dict[str, Any]]) -> dict[FenceToken, dict[str, Any]]:
@@ -208,16 +209,17 @@ class Store:
     async def _finish_many(self, finishes: Sequence[FinishRequest]) -> dict[FenceToken, bool]:
         # One statement for every finish, one row or many: ends, retries and deferrals alike.
         params = {
-            "ids": [t.action_id for t, _, _ in finishes],
-            "epochs": [t.epoch for t, _, _ in finishes],
-            "states": [f.state.value for _, f, _ in finishes],
-            "stop_reasons": [f.stop_reason for _, f, _ in finishes],
-            "refs": [f.ref for _, f, _ in finishes],
-            "retry_reasons": [f.retry_reason for _, f, _ in finishes],
-            "afters": [f.after for _, f, _ in finishes],
-            "gives_back": [f.gives_back_attempt for _, f, _ in finishes],
-            "error_classes": [f.error_class for _, f, _ in finishes],
-            "claimed_ats": [claimed_at for _, _, claimed_at in finishes],
+            "ids": [r[0].action_id for r in finishes],
+            "epochs": [r[0].epoch for r in finishes],
+            "states": [r[1].state.value for r in finishes],
+            "stop_reasons": [r[1].stop_reason for r in finishes],
+            "refs": [r[1].ref for r in finishes],
+            "retry_reasons": [r[1].retry_reason for r in finishes],
+            "afters": [r[1].after for r in finishes],
+            "gives_back": [r[1].gives_back_attempt for r in finishes],
+            "error_classes": [r[1].error_class for r in finishes],
+            "claimed_ats": [r[2] for r in finishes],
+            "fenced": [r[3] for r in finishes],
         }
         return dict.fromkeys(_by_token(await self._rows("finish_many", params)), True)
 
@@ -261,11 +263,17 @@ class Store:
         return bool(await self._fence((token, margin, ref, claimed_at)))
 
     async def finish(
-        self, token: FenceToken, finish: Finish, claimed_at: datetime | None = None
+        self,
+        token: FenceToken,
+        finish: Finish,
+        claimed_at: datetime | None = None,
+        *,
+        fenced: bool = False,
     ) -> bool:
         """Writes ``finish`` (an end or a wait) if the token's epoch still holds, and ends the
-        attempt's history row; True when it did. ``claimed_at`` as for ``begin_write``."""
-        return bool(await self._finish((token, finish, claimed_at)))
+        attempt's history row (with its fence's time when ``fenced``: the attempt passed its
+        fence); True when it did. ``claimed_at`` as for ``begin_write``."""
+        return bool(await self._finish((token, finish, claimed_at, fenced)))
 
     async def in_flight(self, kinds: Iterable[str]) -> dict[str, int]:
         """Claimed-and-unfinished actions per kind, with a lease that still runs."""

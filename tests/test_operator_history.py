@@ -114,38 +114,52 @@ def test_history_is_erased_with_its_subject_and_pruned_with_retention(
     assert conn.execute(count, (kept,)).fetchone()[0] == 0
 
 
+#: Marks every string of a generated payload, so that any of them showing up in the history is
+#: found, whatever hypothesis generated (a short string could occur in a timestamp by chance).
+SENTINEL = "zq§x"
+
+
+def _marked(value):
+    if isinstance(value, str):
+        return SENTINEL + value
+    if isinstance(value, list):
+        return [_marked(v) for v in value]
+    if isinstance(value, dict):
+        return {SENTINEL + k: _marked(v) for k, v in value.items()}
+    return value
+
+
+#: What a payload may hold (an enqueue refuses NUL and lone surrogates).
+_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(min_size=3),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | _text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
     max_leaves=8,
 )
 
 
 @settings(
-    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(payload=st.dictionaries(st.text(min_size=1), _json, min_size=1, max_size=4), n=st.integers())
+@given(payload=st.dictionaries(_text, _json, min_size=1, max_size=4), n=st.integers(0, 10**9))
 def test_no_payload_value_ever_reaches_the_history(make_outbox, database_url, schema, payload, n):
-    marker = f"addr-{abs(n)}@example.net"
-    payload = {**payload, "to": marker}
+    """Payloads (an address among them) reach the adapter, which raises with all of it in its
+    exception's text after its fence: the history keeps the error's class, nothing else."""
+    payload = {**_marked(payload), "to": f"{SENTINEL}addr-{n}@example.net"}
 
     def script(attempt):
-        if attempt.attempt == 1:
-            return RuntimeError(json.dumps(attempt.payload))
-        return Done()
+        return RuntimeError(json.dumps(attempt.payload))
 
     ob = build(make_outbox, ScriptedAdapter(script))
     with psycopg.connect(database_url) as conn:
-        action_id = put(conn, schema, f"p-{abs(n)}-{len(json.dumps(payload))}", payload=payload)
+        action_id = put(conn, schema, f"p-{n}-{len(json.dumps(payload))}", payload=payload)
         drain(ob)
         rows = conn.execute(
             f'SELECT row_to_json(h)::text FROM "{schema}".agent_action_attempt h '
             "WHERE action_id = %s",
             (action_id,),
         ).fetchall()
-    assert rows
-    text = " ".join(r[0] for r in rows)
-    assert marker not in text
-    for value in payload.values():
-        if isinstance(value, str) and len(value) >= 3:
-            assert json.dumps(value)[1:-1] not in text or value in ("DONE", "RETRY")
+    assert len(rows) == 1
+    text = rows[0][0]
+    assert "RuntimeError" in text and "UNCERTAIN" in text
+    assert SENTINEL not in text and json.dumps(SENTINEL)[1:-1] not in text

@@ -195,12 +195,13 @@ WITH lost AS (
            payload = NULL, ended_at = now()
       FROM lost
      WHERE a.id = lost.id
-    RETURNING a.id, a.epoch, a.kind, a.state, a.stop_reason, lost.wrote
+    RETURNING a.id, a.epoch, a.kind, a.state, a.stop_reason, lost.wrote, a.write_started_at
 ), history AS (
     -- The lost attempt's row ends: its worker never finished it (LEASE_EXPIRED, or the write
-    -- may have happened: LEASE_LOST_AFTER_WRITE).
+    -- may have happened: LEASE_LOST_AFTER_WRITE), with its fence's time if it passed one.
     UPDATE {schema}.agent_action_attempt h
        SET ended_at = now(), result = e.state,
+           fence_passed_at = coalesce(h.fence_passed_at, e.write_started_at),
            reason = CASE WHEN e.wrote THEN 'LEASE_LOST_AFTER_WRITE' ELSE 'LEASE_EXPIRED' END
       FROM ended e
      WHERE h.action_id = e.id AND h.epoch = e.epoch AND h.ended_at IS NULL
@@ -256,6 +257,15 @@ WITH taken AS (
     SELECT t.id, t.epoch, t.attempt, o.lease_until - %(lease)s::interval, now()
       FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
     ON CONFLICT (action_id, epoch) DO NOTHING
+), lost AS (
+    -- A reclaimed action whose earlier attempt passed its fence and was lost (its worker
+    -- killed): that attempt's row gets its fence's time, which the row still shows.
+    UPDATE {schema}.agent_action_attempt h
+       SET fence_passed_at = o.write_started_at
+      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
+     WHERE o.write_started_at IS NOT NULL
+       AND h.action_id = t.id AND h.epoch < t.epoch
+       AND h.ended_at IS NULL AND h.fence_passed_at IS NULL
 )
 SELECT * FROM taken
 
@@ -297,10 +307,11 @@ LISTEN {channel}
 
 -- name: begin_write
 -- The fence: the write starts only while this claim's epoch holds and at least the write margin
--- of its lease is left. The attempt's history row records the fence and the provider reference
--- the adapter gave (an email's Message-ID, known before the send); an in-process attempt, whose
--- claim was its take, starts its row here (`claimed_at`: the claim's lease start; now when the
--- caller does not know it).
+-- of its lease is left. When the adapter gives the provider's reference of its write before the
+-- call (an email's Message-ID), the attempt's history row records it with the fence (an
+-- in-process attempt, whose claim was its take, starts its row here: `claimed_at` is the
+-- claim's lease start, now when the caller does not know it); otherwise the finish records the
+-- fence's time, and no history row is written here.
 WITH fenced AS (
     UPDATE {schema}.agent_action a SET write_started_at = now()
      WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
@@ -312,6 +323,7 @@ WITH fenced AS (
     SELECT f.id, f.epoch, f.attempt, coalesce(%(claimed_at)s::timestamptz, now()),
            coalesce(%(claimed_at)s::timestamptz, now()), now(), %(ref)s::text
       FROM fenced f
+     WHERE %(ref)s::text IS NOT NULL
     ON CONFLICT (action_id, epoch) DO UPDATE
        SET fence_passed_at = excluded.fence_passed_at,
            provider_ref = coalesce(excluded.provider_ref, h.provider_ref)
@@ -336,11 +348,21 @@ WITH taken AS (
     SELECT t.id, t.epoch, t.attempt, o.lease_until - %(lease)s::interval, now()
       FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
     ON CONFLICT (action_id, epoch) DO NOTHING
+), lost AS (
+    -- A reclaimed action whose earlier attempt passed its fence and was lost (its worker
+    -- killed): that attempt's row gets its fence's time, which the row still shows.
+    UPDATE {schema}.agent_action_attempt h
+       SET fence_passed_at = o.write_started_at
+      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
+     WHERE o.write_started_at IS NOT NULL
+       AND h.action_id = t.id AND h.epoch < t.epoch
+       AND h.ended_at IS NULL AND h.fence_passed_at IS NULL
 )
 SELECT * FROM taken
 
 -- name: begin_writes
--- begin_write for many attempts in one statement: each row keeps its own epoch and margin check.
+-- begin_write for many attempts in one statement: each row keeps its own epoch and margin check
+-- (and a history row only where a provider reference is given).
 WITH fenced AS (
     UPDATE {schema}.agent_action a SET write_started_at = now()
       FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(margins)s::interval[],
@@ -355,6 +377,7 @@ WITH fenced AS (
     SELECT f.id, f.epoch, f.attempt, coalesce(f.claimed_at, now()),
            coalesce(f.claimed_at, now()), now(), f.ref
       FROM fenced f
+     WHERE f.ref IS NOT NULL
     ON CONFLICT (action_id, epoch) DO UPDATE
        SET fence_passed_at = excluded.fence_passed_at,
            provider_ref = coalesce(excluded.provider_ref, h.provider_ref)
@@ -369,8 +392,9 @@ SELECT id, epoch FROM fenced
 -- ended_at. A wait (ADMITTED: a retry, a deferral) is due again `after` from now with its
 -- retry_reason, its lease and fence cleared (the write's start kept as earlier_write_at, for a
 -- read-back adapter), and a deferral gives its attempt back. Rows as in take_attempts.
--- The attempt's history row ends with it (its result, reason, provider reference and error
--- class; an in-process attempt's row starts here if its fence did not start it), and an end
+-- The attempt's history row ends with it (its result, reason, provider reference, error class,
+-- and when its fence passed, if it did: `fenced`; an in-process attempt's row starts here unless
+-- its fence started it), and an end
 -- other than DONE parks the payload for an operator's resend or retry (read in the statement's
 -- snapshot, before the update dropped it; only those rows are probed).
 WITH finished AS (
@@ -392,23 +416,29 @@ UPDATE {schema}.agent_action a
           FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(states)s::text[],
                       %(stop_reasons)s::text[], %(refs)s::text[], %(retry_reasons)s::text[],
                       %(afters)s::interval[], %(gives_back)s::boolean[],
-                      %(error_classes)s::text[], %(claimed_ats)s::timestamptz[])
+                      %(error_classes)s::text[], %(claimed_ats)s::timestamptz[],
+                      %(fenced)s::boolean[])
                AS u(id, epoch, state, stop_reason, ref, retry_reason, after, gives_back,
-                    error_class, claimed_at)) m
+                    error_class, claimed_at, fenced)) m
  WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+-- This attempt's fence time: an end keeps write_started_at, a wait moved it to
+-- earlier_write_at (both only meaningful when this attempt passed its fence).
 RETURNING a.id, a.epoch, a.attempt + m.gives_back::int AS attempt, m.state, m.waits,
-          m.gives_back, m.stop_reason, m.retry_reason, m.ref, m.error_class, m.claimed_at
+          m.gives_back, m.stop_reason, m.retry_reason, m.ref, m.error_class, m.claimed_at,
+          CASE WHEN m.fenced THEN coalesce(a.write_started_at, a.earlier_write_at) END
+              AS fenced_at
 ), history AS (
     INSERT INTO {schema}.agent_action_attempt AS h
-        (action_id, epoch, attempt, claimed_at, taken_at, ended_at, result, reason,
-         provider_ref, error_class)
+        (action_id, epoch, attempt, claimed_at, taken_at, fence_passed_at, ended_at, result,
+         reason, provider_ref, error_class)
     SELECT f.id, f.epoch, f.attempt, coalesce(f.claimed_at, now()),
-           coalesce(f.claimed_at, now()), now(),
+           coalesce(f.claimed_at, now()), f.fenced_at, now(),
            CASE WHEN f.gives_back THEN 'DEFER' WHEN f.waits THEN 'RETRY' ELSE f.state END,
            coalesce(f.retry_reason, f.stop_reason), f.ref, f.error_class
       FROM finished f
     ON CONFLICT (action_id, epoch) DO UPDATE
-       SET ended_at = excluded.ended_at, result = excluded.result, reason = excluded.reason,
+       SET fence_passed_at = coalesce(h.fence_passed_at, excluded.fence_passed_at),
+           ended_at = excluded.ended_at, result = excluded.result, reason = excluded.reason,
            provider_ref = coalesce(excluded.provider_ref, h.provider_ref),
            error_class = excluded.error_class
 ), parked AS (
