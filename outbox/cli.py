@@ -26,6 +26,7 @@ from outbox.dispatch.commands import setup_claimer, setup_worker
 from outbox.erasure import ErasureReport, erase_subject
 from outbox.loader import load_app
 from outbox.logs import configure_logging
+from outbox.operator.commands import setup_operator
 from outbox.outbox import Outbox
 from outbox.retention import DEFAULT_BATCH_SIZE as DEFAULT_PRUNE_BATCH
 from outbox.retention import prune
@@ -240,6 +241,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     setup_demo,
     setup_dashboard,
     setup_webhooks,
+    setup_operator,
 ]
 
 

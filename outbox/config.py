@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
@@ -55,6 +55,13 @@ class Settings:
     retry_cap: timedelta = timedelta(hours=1)
     #: Ended actions are deleted this long after they ended.
     retention: timedelta = timedelta(days=30)
+    #: The payload of an action that ended UNCERTAIN, FAILED or CANCELLED is kept this long for
+    #: an operator's resend or retry (then dropped by maintenance; also once decided).
+    parked_payload_retention: timedelta = timedelta(days=7)
+    #: Each claimer and worker process records that it is alive this often.
+    heartbeat_interval: timedelta = timedelta(seconds=5)
+    #: Maintenance deletes the heartbeat row of a process silent for this long.
+    process_stale_after: timedelta = timedelta(hours=1)
     #: The claimer polls this often when no NOTIFY wakes it.
     poll_interval: timedelta = timedelta(seconds=1)
     #: Housekeeping (lost leases, expiry, retention) runs this often in the claimer.
@@ -85,6 +92,13 @@ class Settings:
     #: ``outbox prune`` and ``outbox erase`` ask before deleting more actions than this (on a
     #: terminal; elsewhere they need ``--yes``). 0: ask before deleting any.
     confirm_threshold: int = 1000
+    #: Who may log in to the console (``outbox dashboard``): comma-separated ``name:password``
+    #: pairs, a password in clear or as a werkzeug hash (``scrypt:...``). Without any, the
+    #: console listens on loopback only and asks for no login. Never shown in a repr or a log.
+    console_users: str | None = field(default=None, repr=False)
+    #: Key that signs the console's session cookies; random for each process when unset (a
+    #: restart then logs everyone out). Set it when several console processes share a host name.
+    console_secret_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -97,6 +111,7 @@ class Settings:
             "claim_idle_timeout",
             "claim_statement_timeout",
             "push_timeout",
+            "heartbeat_interval",
         ):
             if getattr(self, name) <= timedelta(0):
                 raise ConfigurationError(f"{name} must be more than 0 seconds")
