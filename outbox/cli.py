@@ -23,6 +23,7 @@ from outbox.cli_errors import DEBUG_ENV, EXIT_INTERRUPTED, explain
 from outbox.demo.commands import setup_dashboard, setup_demo
 from outbox.dispatch.commands import setup_claimer, setup_worker
 from outbox.erasure import erase_subject
+from outbox.health.commands import setup_health
 from outbox.loader import load_app
 from outbox.logs import configure_logging
 from outbox.outbox import Outbox
@@ -206,6 +207,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     setup_demo,
     setup_dashboard,
     setup_webhooks,
+    setup_health,
 ]
 
 

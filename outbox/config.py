@@ -82,6 +82,17 @@ class Settings:
     #: Largest payload an enqueue accepts, in bytes of its compact UTF-8 JSON. A payload holds
     #: identifiers the adapter reads the rest by; a larger one is refused (InvalidActionRequest).
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    #: Directory where the claimer and each worker process keep a health file that
+    #: ``outbox health`` reads (None = no files). docs/operations.md, "Health".
+    health_dir: str | None = None
+    #: Port of the ``/livez`` and ``/readyz`` endpoint of a claimer or worker pool (0 = none).
+    health_port: int = 0
+    #: Address the health endpoint listens on: loopback unless widened (``0.0.0.0`` for a
+    #: probe from another host, e.g. a kubelet's httpGet).
+    health_host: str = "127.0.0.1"
+    #: A loop that went this long without a round is not live; one that went this long without
+    #: doing its job (or had trouble since) is not ready.
+    health_stale: timedelta = timedelta(seconds=60)
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -94,6 +105,7 @@ class Settings:
             "claim_idle_timeout",
             "claim_statement_timeout",
             "push_timeout",
+            "health_stale",
         ):
             if getattr(self, name) <= timedelta(0):
                 raise ConfigurationError(f"{name} must be more than 0 seconds")
@@ -106,8 +118,9 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{env_name(name)}: must be >= 1")
-        if not 0 <= self.metrics_port <= 65535:
-            raise ConfigurationError(f"{env_name('metrics_port')}: must be a port, 0 to 65535")
+        for name in ("metrics_port", "health_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ConfigurationError(f"{env_name(name)}: must be a port, 0 to 65535")
         if self.database_url is not None:
             _check_database_url(self.database_url)
         if self.broker_url is not None:
