@@ -48,12 +48,12 @@ FAST = {
 PATIENCE = 60.0
 
 
-def probe(directory: Path, role: str, *, live: bool = False) -> tuple[int, str]:
-    """``outbox health --role ROLE`` as a container healthcheck runs it: exit code and output."""
-    argv = [sys.executable, "-m", "outbox", "health", "--role", role, "--dir", str(directory)]
-    done = subprocess.run(
-        argv + (["--live"] if live else []), capture_output=True, text=True, timeout=60, cwd=REPO
-    )
+def probe(directory: Path, role: str | None, *, live: bool = False) -> tuple[int, str]:
+    """``outbox health --role ROLE`` as a container healthcheck runs it: exit code and output
+    (no role: every role running here, as the image's own HEALTHCHECK asks)."""
+    argv = [sys.executable, "-m", "outbox", "health", "--dir", str(directory)]
+    argv += (["--role", role] if role else []) + (["--live"] if live else [])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO)
     return done.returncode, done.stdout + done.stderr
 
 
@@ -266,7 +266,11 @@ def test_a_claimer_stopped_cleanly_leaves_no_health_file(
         claimer = start_claimer(APP, rig.env(), cwd=REPO)
         rig.processes.append(claimer)
         eventually(lambda: ready(tmp_path, "claimer"), "claimer ready", rig)
+        assert probe(tmp_path, None)[0] == 0, "the image's healthcheck (no role) fails"
+        code, out = probe(tmp_path, "worker", live=True)
+        assert code == 1 and "no running worker" in out, out
         assert claimer.stop() == 0
         assert not list(tmp_path.glob("claimer-*")), "a stopped claimer left its file"
         code, out = probe(tmp_path, "claimer", live=True)
         assert code == 1 and "no running claimer" in out, out
+        assert probe(tmp_path, None, live=True)[0] == 1

@@ -59,6 +59,21 @@ def role_verdict(directory: Path, role: str) -> Verdict:
     )
 
 
+def present_verdict(directory: Path) -> Verdict:
+    """The verdict on every role with a running process here (a container runs one role, so
+    one image healthcheck serves a claimer's container and a worker pool's); none: unhealthy."""
+    present = [role for role in ROLES if role_verdicts(directory, role)]
+    if not present:
+        return Verdict(
+            False, False, (f"no running outbox process has a health file in {directory}",)
+        )
+    verdicts = {role: role_verdict(directory, role) for role in present}
+    reasons = tuple(f"{role}: {reason}" for role, v in verdicts.items() for reason in v.reasons)
+    return Verdict(
+        all(v.live for v in verdicts.values()), all(v.ready for v in verdicts.values()), reasons
+    )
+
+
 def _handler(verdict: Callable[[], Verdict]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
