@@ -262,10 +262,12 @@ def test_a_stopped_worker_process_makes_the_pool_not_live_until_it_runs_again(
 def test_a_claimer_stopped_cleanly_leaves_no_health_file(
     database_url: str, schema: str, redis_url: str, tmp_path: Path
 ) -> None:
+    port = free_port()
     with health_rig(database_url, schema, redis_url, tmp_path) as rig:
-        claimer = start_claimer(APP, rig.env(), cwd=REPO)
+        claimer = start_claimer(APP, rig.env(), cwd=REPO, args=["--health-port", str(port)])
         rig.processes.append(claimer)
         eventually(lambda: ready(tmp_path, "claimer"), "claimer ready", rig)
+        assert http(port, "/readyz") == 200 and http(port, "/nothing") == 404
         assert probe(tmp_path, None)[0] == 0, "the image's healthcheck (no role) fails"
         code, out = probe(tmp_path, "worker", live=True)
         assert code == 1 and "no running worker" in out, out
@@ -274,3 +276,16 @@ def test_a_claimer_stopped_cleanly_leaves_no_health_file(
         code, out = probe(tmp_path, "claimer", live=True)
         assert code == 1 and "no running claimer" in out, out
         assert probe(tmp_path, None, live=True)[0] == 1
+
+
+@pytest.mark.slow
+def test_a_worker_pool_serves_its_health_without_a_health_directory_set(
+    database_url: str, schema: str, redis_url: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    with health_rig(database_url, schema, redis_url, tmp_path) as rig:
+        # No directory: `outbox worker` makes one for its processes' files.
+        rig.worker(processes=1, threads=2, OUTBOX_HEALTH_DIR="", OUTBOX_HEALTH_PORT=str(port))
+        eventually(lambda: http(port, "/readyz") == 200, "pool endpoint ready", rig)
+        assert http(port, "/livez") == 200
+        assert not list(tmp_path.glob("worker-*")), "the files went to the test's directory"
