@@ -19,6 +19,9 @@ Phases, each over N no-op actions of a lane each (the sum is an action's whole l
 - ``wal-prune``: retention deleting the 2N ended actions, what dropping a time partition would
   save (docs/scaling.md).
 
+``ratio`` is a phase's WAL an action over ``wal-run``'s; p50/p99 are a phase's steps (a
+transaction, a round, an action's enqueue -> DONE, a prune batch).
+
 ``actions_per_s`` is measured too but on a server with fsync off: read it as a ratio between the
 phases, not as the server's throughput (the ``inprocess`` and ``e2e`` scenarios measure that).
 """
@@ -31,6 +34,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -44,7 +48,9 @@ from benchmarks.common import (
     bench_schema,
     ended_count,
     migrated_outbox,
+    ms,
     noop_request,
+    percentile,
 )
 from benchmarks.inprocess import NoopAdapter, run_all
 from benchmarks.rig import rig, wait_until
@@ -106,26 +112,47 @@ def measured(server: WalPostgres, work: Callable[[], None]) -> dict[str, float]:
     return {"bytes": float(wal_bytes), "records": records, "fpi_bytes": fpi_bytes, "s": seconds}
 
 
-def enqueue(outbox: Outbox, url: str, keys: range, tag: str) -> None:
+def enqueue(outbox: Outbox, url: str, keys: range, tag: str, steps: list[float]) -> None:
+    """``keys`` as actions, ``PER_TX`` a transaction; each transaction's seconds in ``steps``."""
     with psycopg.connect(url) as conn:
         for start in range(keys.start, keys.stop, PER_TX):
+            began = time.perf_counter()
             batch = range(start, min(keys.stop, start + PER_TX))
             outbox.enqueue_many(conn, [noop_request(f"{tag}-{i}", f"lane-{i}", i) for i in batch])
             conn.commit()
+            steps.append(time.perf_counter() - began)
 
 
-def result(phase: str, n: int, wal: dict[str, float], note: str) -> Result:
+@dataclass
+class Phase:
+    """One phase's WAL, its actions, and the seconds of each of its steps (p50/p99)."""
+
+    name: str
+    n: int
+    wal: dict[str, float]
+    steps: list[float]
+    what: str
+
+    @property
+    def bytes_per_action(self) -> float:
+        return self.wal["bytes"] / self.n
+
+
+def result(phase: Phase, reference: Phase) -> Result:
+    """The row of ``phase``; ``ratio`` is its WAL an action over ``reference``'s."""
     return Result(
-        scenario=f"wal-{phase}",
-        n=n,
-        actions_per_s=round(n / wal["s"], 1),
-        p50_ms=None,
-        p99_ms=None,
+        scenario=f"wal-{phase.name}",
+        n=phase.n,
+        actions_per_s=round(phase.n / phase.wal["s"], 1),
+        p50_ms=ms(percentile(phase.steps, 50)),
+        p99_ms=ms(percentile(phase.steps, 99)),
+        ratio=round(phase.bytes_per_action / reference.bytes_per_action, 3),
+        ratio_to=f"wal-{reference.name} bytes/action",
         extra={
-            "wal_bytes_per_action": round(wal["bytes"] / n),
-            "wal_records_per_action": round(wal["records"] / n, 2),
-            "full_page_image_bytes_per_action": round(wal["fpi_bytes"] / n),
-            "what": note,
+            "wal_bytes_per_action": round(phase.bytes_per_action),
+            "wal_records_per_action": round(phase.wal["records"] / phase.n, 2),
+            "full_page_image_bytes_per_action": round(phase.wal["fpi_bytes"] / phase.n),
+            "what": phase.what,
             "server": "private, full_page_writes=on, fsync=off (rates are ratios only)",
         },
     )
@@ -133,21 +160,25 @@ def result(phase: str, n: int, wal: dict[str, float], note: str) -> Result:
 
 def run(scale: Scale) -> list[Result]:
     n = scale.n(5_000, 20_000, floor=100)
-    results = []
+    phases: list[Phase] = []
     with private_server() as server, bench_schema("wal", server.url) as schema:
         url = server.url
         outbox = migrated_outbox(schema, url)
-        adapter = NoopAdapter()
-        outbox.register(NOOP, adapter)
+        outbox.register(NOOP, NoopAdapter())
 
-        wal = measured(server, lambda: enqueue(outbox, url, range(n), "run"))
-        results.append(result("enqueue", n, wal, f"enqueue_many, {PER_TX} a transaction"))
+        steps: list[float] = []
+        wal = measured(server, lambda: enqueue(outbox, url, range(n), "run", steps))
+        what = f"enqueue_many, {PER_TX} a transaction; p50/p99: a transaction"
+        phases.append(Phase("enqueue", n, wal, steps, what))
+
+        rounds: list[float] = []
 
         def run_in_process() -> None:
-            asyncio.run(run_all(outbox, n))
+            rounds.extend(asyncio.run(run_all(outbox, n))[2])
 
         wal = measured(server, run_in_process)
-        results.append(result("run", n, wal, "in-process claim, take, fence, finish"))
+        what = "in-process claim, take, fence, finish; p50/p99: a claim_and_run round"
+        phases.append(Phase("run", n, wal, rounds, what))
 
         with rig(schema, OUTBOX_DATABASE_URL=url) as r:
             r.outbox_workers()
@@ -156,20 +187,36 @@ def run(scale: Scale) -> list[Result]:
             with watch:
 
                 def end_to_end() -> None:
-                    enqueue(outbox, url, range(n, 2 * n), "e2e")
+                    enqueue(outbox, url, range(n, 2 * n), "e2e", [])
                     wait_until(lambda: ended_count(watch, schema) >= 2 * n, 600, "e2e", 0.05)
 
                 wal = measured(server, end_to_end)
-        results.append(
-            result("e2e", n, wal, "enqueue + claimer + worker pool over Redis, as deployed")
-        )
+                in_system = [
+                    row[0]
+                    for row in watch.execute(
+                        "SELECT extract(epoch FROM ended_at - created_at)::float8 FROM "
+                        f'"{schema}".agent_action WHERE idempotency_key LIKE %s',
+                        ("e2e-%",),
+                    )
+                ]
+        what = "enqueue + claimer + worker pool over Redis, as deployed; p50/p99: enqueue -> DONE"
+        phases.append(Phase("e2e", n, wal, in_system, what))
+
+        batches: list[float] = []
 
         def prune_all() -> None:
+            deleted = 0
             with psycopg.connect(url, autocommit=True) as conn:
-                deleted = prune(conn, timedelta(0), schema=schema)
-            if deleted != 2 * n:
-                raise AssertionError(f"pruned {deleted} of {2 * n} ended actions")
+                while deleted < 2 * n:
+                    began = time.perf_counter()
+                    pruned = prune(conn, timedelta(0), schema=schema, max_batches=1)
+                    batches.append(time.perf_counter() - began)
+                    if not pruned:
+                        raise AssertionError(f"pruned {deleted} of {2 * n} ended actions")
+                    deleted += pruned
 
         wal = measured(server, prune_all)
-        results.append(result("prune", 2 * n, wal, "retention deleting ended actions"))
-    return results
+        what = "retention deleting ended actions; p50/p99: a batch"
+        phases.append(Phase("prune", 2 * n, wal, batches, what))
+    reference = phases[1]
+    return [result(phase, reference) for phase in phases]
