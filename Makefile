@@ -3,12 +3,14 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test demo lint typecheck schema
+.PHONY: install test demo lint typecheck schema lock
 
-$(BIN)/outbox: pyproject.toml
+# Every dependency at the version constraints.txt pins (`make lock` writes it from pyproject.toml):
+# a checkout installs today what it installed the day it was locked.
+$(BIN)/outbox: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,embedded]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[test,embedded]'
 	$(BIN)/pip install -q --no-deps 'dramatiq-dashboard==0.4.0'
 	touch $(BIN)/outbox
 
@@ -32,3 +34,16 @@ typecheck: install
 # schema.sql from a freshly migrated throwaway schema (rerun after adding a migration).
 schema: install
 	$(BIN)/python -m scripts.schema_snapshot
+
+# The lock files, after changing a dependency in pyproject.toml (tests/test_ops_lock.py fails until
+# they are rewritten): constraints.txt pins what `make install` installs; requirements-image.txt,
+# with the hashes of every file, what the Dockerfile installs (the same versions, no test tools,
+# no embedded PostgreSQL). Universal: the pins hold on every platform, Python 3.11 and later.
+UV := $(BIN)/uv
+COMPILE := $(UV) pip compile pyproject.toml --universal --python-version 3.11 --quiet \
+	--custom-compile-command 'make lock'
+
+lock: install
+	$(BIN)/pip install -q 'uv==0.13.9'
+	$(COMPILE) --extra test --extra embedded -o constraints.txt
+	$(COMPILE) -c constraints.txt --generate-hashes -o requirements-image.txt

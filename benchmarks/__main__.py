@@ -23,6 +23,7 @@ SCENARIOS: dict[str, str] = {
     "e2e": "benchmarks.e2e",
     "latency": "benchmarks.latency",
     "hot-lane": "benchmarks.hot_lane",
+    "wal": "benchmarks.wal",
 }
 
 

@@ -24,6 +24,7 @@ from outbox.cli_errors import DEBUG_ENV, EXIT_INTERRUPTED, explain
 from outbox.demo.commands import setup_dashboard, setup_demo
 from outbox.dispatch.commands import setup_claimer, setup_worker
 from outbox.erasure import ErasureReport, erase_subject
+from outbox.health.commands import setup_health
 from outbox.loader import load_app
 from outbox.logs import configure_logging
 from outbox.operator.commands import setup_operator
@@ -242,6 +243,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     setup_dashboard,
     setup_webhooks,
     setup_operator,
+    setup_health,
 ]
 
 

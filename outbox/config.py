@@ -99,6 +99,17 @@ class Settings:
     #: Key that signs the console's session cookies; random for each process when unset (a
     #: restart then logs everyone out). Set it when several console processes share a host name.
     console_secret_key: str | None = field(default=None, repr=False)
+    #: Directory where the claimer and each worker process keep a health file that
+    #: ``outbox health`` reads (None = no files). docs/operations.md, "Health".
+    health_dir: str | None = None
+    #: Port of the ``/livez`` and ``/readyz`` endpoint of a claimer or worker pool (0 = none).
+    health_port: int = 0
+    #: Address the health endpoint listens on: loopback unless widened (``0.0.0.0`` for a
+    #: probe from another host, e.g. a kubelet's httpGet).
+    health_host: str = "127.0.0.1"
+    #: A loop that went this long without a round is not live; one that went this long without
+    #: doing its job (or had trouble since) is not ready.
+    health_stale: timedelta = timedelta(seconds=60)
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -112,6 +123,7 @@ class Settings:
             "claim_statement_timeout",
             "push_timeout",
             "heartbeat_interval",
+            "health_stale",
         ):
             if getattr(self, name) <= timedelta(0):
                 raise ConfigurationError(f"{name} must be more than 0 seconds")
@@ -126,8 +138,9 @@ class Settings:
                 raise ConfigurationError(f"{env_name(name)}: must be >= 1")
         if self.confirm_threshold < 0:
             raise ConfigurationError(f"{env_name('confirm_threshold')}: must be >= 0")
-        if not 0 <= self.metrics_port <= 65535:
-            raise ConfigurationError(f"{env_name('metrics_port')}: must be a port, 0 to 65535")
+        for name in ("metrics_port", "health_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ConfigurationError(f"{env_name(name)}: must be a port, 0 to 65535")
         if self.database_url is not None:
             _check_database_url(self.database_url)
         if self.broker_url is not None:

@@ -47,6 +47,29 @@ def test_the_command_refuses_a_wide_bind_without_a_login_in_one_line(host, datab
     assert "OUTBOX_CONSOLE_USERS" in lines[0]
 
 
+def test_a_container_published_on_loopback_listens_wide_without_a_login(database_url):
+    """What docker-compose runs without OUTBOX_CONSOLE_USERS: the container's 0.0.0.0, which
+    its port mapping publishes on the host's 127.0.0.1 only."""
+    env = {"PATH": "/usr/bin:/bin", "OUTBOX_DATABASE_URL": database_url}
+    argv = [sys.executable, "-m", "outbox", "dashboard", "--host", "0.0.0.0", "--port", "0"]
+    process = subprocess.Popen(
+        [*argv, "--published-on-loopback"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("outbox console on http://0.0.0.0:"), line
+        port = int(line.rsplit(":", 1)[1].split("/", 1)[0])
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code in (200, 503)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
 def test_loopback_names_are_loopback_and_wide_ones_are_not():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("10.1.2.3")

@@ -17,9 +17,24 @@ log = logging.getLogger("outbox.console")
 THREADS = 8
 
 
-def serve(app: Flask, host: str = "127.0.0.1", port: int = 8080, threads: int = THREADS) -> Any:
+def serve(
+    app: Flask,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    threads: int = THREADS,
+    published_on_loopback: bool = False,
+) -> Any:
     """A waitress server for ``app`` (call ``run()``, stop with ``close()``); the bound port is
     ``effective_port``. Refuses (``ConfigurationError``) to listen beyond loopback when the app
-    has no logins."""
-    check_bind(host, app.extensions["outbox"]["users"])
+    has no logins, unless ``published_on_loopback`` says that a container's port mapping
+    publishes it on the host's loopback only (a container must listen on its own wider
+    address to be reachable through the mapping at all)."""
+    if not published_on_loopback:
+        check_bind(host, app.extensions["outbox"]["users"])
+    elif not app.extensions["outbox"]["users"]:
+        log.warning(
+            "listening on %s without a login: only safe where the port is published on the "
+            "host's loopback and no other container shares the network",
+            host,
+        )
     return create_server(app, host=host, port=port, threads=threads, ident="outbox-console")

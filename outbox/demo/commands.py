@@ -70,7 +70,10 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
         users=settings.console_users,
         secret_key=settings.console_secret_key,
     )
-    server = serve(console, args.host, args.port)  # refuses a wide bind without a login
+    # Refuses a wide bind without a login (unless told the container publishes it on loopback).
+    server = serve(
+        console, args.host, args.port, published_on_loopback=args.published_on_loopback
+    )
     pool.open()
     print(
         f"outbox console on http://{args.host}:{server.effective_port}/ (Ctrl-C to stop)",
@@ -109,4 +112,10 @@ def setup_dashboard(sub: argparse._SubParsersAction) -> None:
             help="address to listen on (default 127.0.0.1; any other needs OUTBOX_CONSOLE_USERS)",
         )
         p.add_argument("--port", type=port, default=8080, help="port (default 8080; 0 picks one)")
+        p.add_argument(
+            "--published-on-loopback",
+            action="store_true",
+            help="in a container whose port mapping publishes the console on the host's "
+            "127.0.0.1 only: listen on --host without a login (docker-compose.yml uses it)",
+        )
         p.set_defaults(func=_cmd_dashboard)

@@ -23,6 +23,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 
 from outbox.dispatch.broker import default_broker
+from outbox.dispatch.health_watch import ConsumerHealth
 from outbox.dispatch.runtime import WorkerRuntime
 from outbox.fence_token import BIGINT_MAX, FenceToken
 from outbox.metrics import MetricsExposition, record_malformed_message
@@ -219,6 +220,9 @@ def install(
     if outbox.settings.metrics_port:
         # Under `dramatiq`, one forked process serves every worker process's metrics.
         broker.add_middleware(MetricsExposition())
+    if outbox.settings.health_dir:
+        # Each worker process's consumers feed its health file (and the pool's endpoint).
+        broker.add_middleware(ConsumerHealth(outbox.settings))
     dispatch = Dispatch(outbox, broker, runtime)
     options = actor_options(outbox, broker)
     for name in sorted(kinds if kinds is not None else outbox.adapters):

@@ -36,6 +36,7 @@ from outbox.dispatch.consumption import ConsumptionWatch
 from outbox.dispatch.heartbeat import Heartbeat
 from outbox.dispatch.pushing import BrokerGate, OffLoop
 from outbox.fence_token import FenceToken
+from outbox.health import ProcessHealth, process_health, start_health_server
 from outbox.maintenance import Maintenance
 from outbox.queries import queries_for
 from outbox.store import (
@@ -54,6 +55,8 @@ log = logging.getLogger("outbox.claimer")
 BUSY_POLL = 0.05
 #: Longest single wait, so a stop request is seen promptly even while nothing happens.
 WAIT_SLICE = 0.25
+#: The claimer's one loop, as its health reports it.
+ROUNDS = "claim rounds"
 
 
 @dataclass
@@ -148,7 +151,12 @@ class Claimer:
     """One claimer replica for the kinds of ``dispatch`` (all its actors, or ``kinds``)."""
 
     def __init__(
-        self, dispatch: Dispatch, store: Store, *, kinds: Iterable[str] | None = None
+        self,
+        dispatch: Dispatch,
+        store: Store,
+        *,
+        kinds: Iterable[str] | None = None,
+        health: ProcessHealth | None = None,
     ) -> None:
         self.dispatch = dispatch
         self.store = store
@@ -172,6 +180,8 @@ class Claimer:
         )
         self.off_loop = OffLoop(self.settings.push_timeout.total_seconds())
         self.gate = BrokerGate(dispatch.broker, self.off_loop)
+        #: Live while rounds go round; ready while they claim and push (outbox.health).
+        self.health = health or ProcessHealth("claimer")
         #: Totals since start, for logs and tests.
         self.totals: dict[str, int] = {
             "claimed": 0,
@@ -295,18 +305,25 @@ class Claimer:
                 wait = self.settings.poll_interval.total_seconds()
                 try:
                     result = await self.run_once()
+                    if self.gate.open:
+                        self.health.ok(ROUNDS)
+                    else:
+                        self.health.trouble(ROUNDS, "the broker does not take pushes")
                     if result.more_due:
                         continue
                     if result.busy:
                         wait = min(wait, BUSY_POLL)
                 except ClaimLockBusy:
                     wait = BUSY_POLL  # logged; the holder's session ends soon
+                    self.health.beat(ROUNDS)
                 except psycopg.OperationalError as error:
                     # The server ended the session (e.g. this claimer sat idle inside its round
                     # past claim_idle_timeout) or the connection broke.
                     log.warning("claim round failed (%s); trying again", one_line(error))
-                except (psycopg.Error, OSError):
+                    self.health.trouble(ROUNDS, f"PostgreSQL: {one_line(error)}")
+                except (psycopg.Error, OSError) as error:
                     log.exception("claim round failed; trying again")
+                    self.health.trouble(ROUNDS, f"claim round failed: {one_line(error)}")
                 await self.wait(wait, stop)
         finally:
             beating.set()
@@ -368,8 +385,16 @@ async def run_claimer_async(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    port = dispatch.outbox.settings.metrics_port
+    settings = dispatch.outbox.settings
+    port = settings.metrics_port
     server = metrics.start_metrics_server(port) if port else None
+    health = process_health("claimer", settings)
+    health.publish()
+    health_server = (
+        start_health_server(health.verdict, settings.health_port, settings.health_host)
+        if settings.health_port
+        else None
+    )
     try:
         # PostgreSQL and the broker are waited for (with backoff, each wait logged), and a
         # stop request ends either wait at once.
@@ -378,7 +403,7 @@ async def run_claimer_async(
             log.info("claimer stopped before it started: PostgreSQL never answered")
             return {}
         async with dispatch.outbox.store() as store:
-            claimer = Claimer(dispatch, store, kinds=kinds)
+            claimer = Claimer(dispatch, store, kinds=kinds, health=health)
             if not await claimer.gate.wait_until_up(stop):
                 claimer.off_loop.close()
                 log.info("claimer stopped before it started: the broker never answered")
@@ -388,9 +413,11 @@ async def run_claimer_async(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+        for serving in (server, health_server):
+            if serving is not None:
+                serving.shutdown()
+                serving.server_close()
+        health.close()
         metrics.mark_process_dead()
 
 

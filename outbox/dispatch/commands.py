@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 
 from outbox.cli_args import positive_int
 from outbox.dispatch.actors import install
@@ -27,6 +28,11 @@ def _add_app(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database-url", help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL)")
     parser.add_argument("--schema", help="PostgreSQL schema (default: $OUTBOX_SCHEMA or outbox)")
     parser.add_argument("--broker-url", help="redis://... or amqp://... ($OUTBOX_BROKER_URL)")
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        help="serve /livez and /readyz on this port ($OUTBOX_HEALTH_PORT; default: none)",
+    )
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, str]:
@@ -35,6 +41,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, str]:
         "OUTBOX_DATABASE_URL": args.database_url,
         "OUTBOX_SCHEMA": args.schema,
         "OUTBOX_BROKER_URL": args.broker_url,
+        "OUTBOX_HEALTH_PORT": str(args.health_port) if args.health_port is not None else None,
     }
     return {name: value for name, value in env.items() if value}
 
@@ -43,7 +50,10 @@ def _cmd_claimer(args: argparse.Namespace) -> int:
     os.environ.update(_overrides(args))
     app = load_app(args.app)
     app.settings = app.settings.with_overrides(
-        database_url=args.database_url, schema=args.schema, broker_url=args.broker_url
+        database_url=args.database_url,
+        schema=args.schema,
+        broker_url=args.broker_url,
+        health_port=args.health_port,
     )
     run_claimer(install(app), kinds=args.kinds)
     return 0
@@ -81,6 +91,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         # Worker processes write their samples where the metrics fork (and Dramatiq's own
         # Prometheus middleware) read them.
         prepare_multiprocess_env(os.environ)
+    if app.settings.health_port and not app.settings.health_dir:
+        # The pool's endpoint reads each worker process's health file: they need a directory.
+        os.environ["OUTBOX_HEALTH_DIR"] = tempfile.mkdtemp(prefix="outbox-health-")
     argv = worker_argv(args)
     sys.stdout.flush()
     sys.stderr.flush()
