@@ -594,11 +594,6 @@ CREATE TRIGGER agent_action_lane_track_delete AFTER DELETE ON outbox.agent_actio
 
 CREATE TRIGGER guard_agent_action BEFORE UPDATE ON outbox.agent_action FOR EACH ROW WHEN (((old.state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) OR (new.state IS DISTINCT FROM old.state) OR (new.epoch IS DISTINCT FROM old.epoch) OR ((((((new.id IS DISTINCT FROM old.id) OR (new.kind IS DISTINCT FROM old.kind)) OR (new.lane_key IS DISTINCT FROM old.lane_key)) OR (new.idempotency_key IS DISTINCT FROM old.idempotency_key)) OR (new.workspace_id IS DISTINCT FROM old.workspace_id)) OR (new.created_at IS DISTINCT FROM old.created_at)))) EXECUTE FUNCTION outbox.guard_agent_action();
 
--- fk constraint agent_action_attempt agent_action_attempt_action_id_fkey
-
-ALTER TABLE ONLY outbox.agent_action_attempt
-    ADD CONSTRAINT agent_action_attempt_action_id_fkey FOREIGN KEY (action_id) REFERENCES outbox.agent_action(id) ON DELETE CASCADE;
-
 -- fk constraint agent_action agent_action_kind_fkey
 
 ALTER TABLE ONLY outbox.agent_action
@@ -608,23 +603,3 @@ ALTER TABLE ONLY outbox.agent_action
 
 ALTER TABLE ONLY outbox.agent_action_kind_pause
     ADD CONSTRAINT agent_action_kind_pause_kind_fkey FOREIGN KEY (kind) REFERENCES outbox.agent_action_kind(name) ON DELETE CASCADE;
-
--- fk constraint agent_action_link agent_action_link_from_id_fkey
-
-ALTER TABLE ONLY outbox.agent_action_link
-    ADD CONSTRAINT agent_action_link_from_id_fkey FOREIGN KEY (from_id) REFERENCES outbox.agent_action(id) ON DELETE CASCADE;
-
--- fk constraint agent_action_link agent_action_link_to_id_fkey
-
-ALTER TABLE ONLY outbox.agent_action_link
-    ADD CONSTRAINT agent_action_link_to_id_fkey FOREIGN KEY (to_id) REFERENCES outbox.agent_action(id) ON DELETE CASCADE;
-
--- fk constraint agent_action_parked_payload agent_action_parked_payload_action_id_fkey
-
-ALTER TABLE ONLY outbox.agent_action_parked_payload
-    ADD CONSTRAINT agent_action_parked_payload_action_id_fkey FOREIGN KEY (action_id) REFERENCES outbox.agent_action(id) ON DELETE CASCADE;
-
--- fk constraint agent_action_resolution agent_action_resolution_action_id_fkey
-
-ALTER TABLE ONLY outbox.agent_action_resolution
-    ADD CONSTRAINT agent_action_resolution_action_id_fkey FOREIGN KEY (action_id) REFERENCES outbox.agent_action(id) ON DELETE CASCADE;

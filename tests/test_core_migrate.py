@@ -32,10 +32,17 @@ def test_migrate_twice_is_a_no_op(make_outbox, database_url, schema):
     assert second.applied == [] and second.kinds_declared == []
     assert tables(database_url, schema) == [
         "agent_action",
+        "agent_action_attempt",
         "agent_action_kind",
+        "agent_action_kind_pause",
         "agent_action_lane",
         "agent_action_lane_intake",
+        "agent_action_link",
+        "agent_action_parked_payload",
+        "agent_action_resolution",
         "outbox_migration",
+        "outbox_operator_audit",
+        "outbox_process",
         "webhook_subscription",
     ]
 

@@ -477,9 +477,23 @@ SELECT coalesce(bool_or(state = 'EXECUTING' AND taken_epoch IS DISTINCT FROM epo
  WHERE id = %(id)s AND epoch = %(epoch)s
 
 -- name: erase_subject
--- Erasure: every action whose subject is the account is deleted.
-DELETE FROM {schema}.agent_action WHERE subject_account_id = %(account_id)s
-RETURNING id, state
+-- Erasure: every action whose subject is the account is deleted, and with it its attempts, its
+-- resolution, its links and its parked payload (in this statement: the operator's tables hold
+-- no foreign key, whose per-row triggers would make every prune several times dearer).
+WITH gone AS (
+    DELETE FROM {schema}.agent_action WHERE subject_account_id = %(account_id)s
+    RETURNING id, state
+), attempts AS (
+    DELETE FROM {schema}.agent_action_attempt h USING gone WHERE h.action_id = gone.id
+), resolutions AS (
+    DELETE FROM {schema}.agent_action_resolution r USING gone WHERE r.action_id = gone.id
+), links AS (
+    DELETE FROM {schema}.agent_action_link k USING gone
+     WHERE k.from_id = gone.id OR k.to_id = gone.id
+), parked AS (
+    DELETE FROM {schema}.agent_action_parked_payload p USING gone WHERE p.action_id = gone.id
+)
+SELECT id, state FROM gone
 
 -- name: prune_preview
 -- What `prune_ended` would delete now, by kind and state (`outbox prune --dry-run`, and the
@@ -495,17 +509,29 @@ SELECT kind, state, count(*) AS n FROM {schema}.agent_action
  GROUP BY kind, state ORDER BY kind, state
 
 -- name: prune_ended
--- Retention: a small batch of actions that ended more than the retention ago. SKIP LOCKED so a
--- prune never waits on, nor holds up, anything else.
+-- Retention: a small batch of actions that ended more than the retention ago, with their
+-- attempts, resolutions, links and parked payloads (as erase_subject). SKIP LOCKED so a prune
+-- never waits on, nor holds up, anything else.
 WITH old AS (
     SELECT id FROM {schema}.agent_action
      WHERE ended_at IS NOT NULL AND ended_at < now() - %(retention)s
      ORDER BY ended_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM {schema}.agent_action a USING old WHERE a.id = old.id
+    RETURNING a.id
+), attempts AS (
+    DELETE FROM {schema}.agent_action_attempt h USING gone WHERE h.action_id = gone.id
+), resolutions AS (
+    DELETE FROM {schema}.agent_action_resolution r USING gone WHERE r.action_id = gone.id
+), links AS (
+    DELETE FROM {schema}.agent_action_link k USING gone
+     WHERE k.from_id = gone.id OR k.to_id = gone.id
+), parked AS (
+    DELETE FROM {schema}.agent_action_parked_payload p USING gone WHERE p.action_id = gone.id
 )
-DELETE FROM {schema}.agent_action a USING old WHERE a.id = old.id
-RETURNING a.id
+SELECT id FROM gone
 
 -- name: declared_kinds
 -- The kinds the database knows.
