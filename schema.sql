@@ -72,10 +72,13 @@ BEGIN
     SELECT coalesce(array_agg(k.lane_key), '{}') INTO fresh
       FROM unnest(keys) AS k(lane_key)
      WHERE NOT EXISTS (SELECT 1 FROM agent_action_lane l WHERE l.lane_key = k.lane_key);
-    INSERT INTO agent_action_lane (lane_key, head_id, head_kind, head_due_at)
-    SELECT f.lane_key, h.id, h.kind, CASE WHEN h.state = 'ADMITTED' THEN h.available_at END
+    INSERT INTO agent_action_lane
+        (lane_key, head_id, head_kind, head_due_at, head_priority, head_limit_key)
+    SELECT f.lane_key, h.id, h.kind, CASE WHEN h.state = 'ADMITTED' THEN h.available_at END,
+           h.priority, coalesce(h.limit_key, h.workspace_id, '')
       FROM unnest(fresh) AS f(lane_key)
-      JOIN LATERAL (SELECT a.id, a.kind, a.state, a.available_at
+      JOIN LATERAL (SELECT a.id, a.kind, a.state, a.available_at, a.priority, a.limit_key,
+                           a.workspace_id
                       FROM agent_action a
                      WHERE a.lane_key = f.lane_key AND a.state IN ('PROPOSED', 'ADMITTED')
                      ORDER BY a.id
@@ -123,7 +126,8 @@ BEGIN
         INSERT INTO agent_action_lane (lane_key) VALUES (p_lane) ON CONFLICT DO NOTHING;
         PERFORM 1 FROM agent_action_lane WHERE lane_key = p_lane FOR UPDATE;
     END IF;
-    SELECT a.id, a.kind, a.state, a.available_at INTO head
+    SELECT a.id, a.kind, a.state, a.available_at, a.priority,
+           coalesce(a.limit_key, a.workspace_id, '') AS limit_key INTO head
       FROM agent_action a
      WHERE a.lane_key = p_lane AND a.state IN ('PROPOSED', 'ADMITTED')
      ORDER BY a.id LIMIT 1;
@@ -141,10 +145,14 @@ BEGIN
            SET head_id = head.id,
                head_kind = head.kind,
                head_due_at = CASE WHEN head.state = 'ADMITTED' THEN head.available_at END,
-               executing_id = executing
+               executing_id = executing,
+               head_priority = coalesce(head.priority, 0),
+               head_limit_key = coalesce(head.limit_key, '')
          WHERE l.lane_key = p_lane
-           AND (l.head_id, l.head_kind, l.head_due_at, l.executing_id) IS DISTINCT FROM
-               (head.id, head.kind, CASE WHEN head.state = 'ADMITTED' THEN head.available_at END, executing);
+           AND (l.head_id, l.head_kind, l.head_due_at, l.executing_id, l.head_priority,
+                l.head_limit_key) IS DISTINCT FROM
+               (head.id, head.kind, CASE WHEN head.state = 'ADMITTED' THEN head.available_at END,
+                executing, coalesce(head.priority, 0), coalesce(head.limit_key, ''));
         IF executing IS NULL AND head.state = 'ADMITTED' AND head.available_at <= now() THEN
             PERFORM pg_notify('outbox_' || current_schema(), '');
         END IF;
@@ -256,6 +264,8 @@ CREATE TABLE outbox.agent_action (
     taken_epoch bigint,
     retry_reason text,
     earlier_write_at timestamp with time zone,
+    priority smallint DEFAULT 0 NOT NULL,
+    limit_key text,
     CONSTRAINT ck_agent_action_counters CHECK (((attempt >= 0) AND (epoch >= 0))),
     CONSTRAINT ck_agent_action_ended_at CHECK (((state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) = (ended_at IS NOT NULL))),
     CONSTRAINT ck_agent_action_executing_leased CHECK (((state <> 'EXECUTING'::text) OR (lease_until IS NOT NULL))),
@@ -297,7 +307,9 @@ CREATE TABLE outbox.agent_action_lane (
     head_kind text,
     head_due_at timestamp with time zone,
     executing_id bigint,
-    busy_until timestamp with time zone
+    busy_until timestamp with time zone,
+    head_priority smallint DEFAULT 0 NOT NULL,
+    head_limit_key text DEFAULT ''::text NOT NULL
 );
 
 -- table agent_action_lane_intake
@@ -317,6 +329,15 @@ ALTER TABLE outbox.agent_action_lane_intake ALTER COLUMN seq ADD GENERATED ALWAY
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+
+-- table agent_action_rate
+
+CREATE TABLE outbox.agent_action_rate (
+    bucket text NOT NULL,
+    next_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    held_until timestamp with time zone,
+    used_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 -- table outbox_migration
@@ -377,6 +398,16 @@ ALTER TABLE ONLY outbox.agent_action_lane
 ALTER TABLE ONLY outbox.agent_action
     ADD CONSTRAINT agent_action_pkey PRIMARY KEY (id);
 
+-- constraint agent_action_rate agent_action_rate_pkey
+
+ALTER TABLE ONLY outbox.agent_action_rate
+    ADD CONSTRAINT agent_action_rate_pkey PRIMARY KEY (bucket);
+
+-- check constraint agent_action ck_agent_action_priority
+
+ALTER TABLE outbox.agent_action
+    ADD CONSTRAINT ck_agent_action_priority CHECK (((priority >= '-100'::integer) AND (priority <= 100))) NOT VALID;
+
 -- constraint outbox_migration outbox_migration_pkey
 
 ALTER TABLE ONLY outbox.outbox_migration
@@ -406,7 +437,7 @@ CREATE INDEX ix_agent_action_expiry ON outbox.agent_action USING btree (expires_
 
 -- index ix_agent_action_lane_ready
 
-CREATE INDEX ix_agent_action_lane_ready ON outbox.agent_action_lane USING btree (head_kind, head_due_at) WHERE ((executing_id IS NULL) AND (head_due_at IS NOT NULL));
+CREATE INDEX ix_agent_action_lane_ready ON outbox.agent_action_lane USING btree (head_kind, head_limit_key, head_priority DESC, head_due_at) WHERE ((executing_id IS NULL) AND (head_due_at IS NOT NULL));
 
 -- index ix_agent_action_lane_waiting
 

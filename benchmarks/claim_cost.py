@@ -102,7 +102,15 @@ def time_claims(schema: str, runs: int) -> tuple[list[float], int, int]:
         with conn.transaction(force_rollback=True):
             (plan,) = conn.execute(
                 "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries_for(schema)["claim_heads"],
-                {"kind": NOOP.name, "limit": BATCH, "lease": LEASE, "take": False},
+                {
+                    "kind": NOOP.name,
+                    "limit": BATCH,
+                    "lease": LEASE,
+                    "take": False,
+                    "keys": ["w"],  # every action here is of workspace 'w'
+                    "per_key": BATCH,
+                    "key_cap": None,
+                },
             ).fetchone()
     top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
     return seconds, claimed, top["Shared Hit Blocks"] + top["Shared Read Blocks"]

@@ -20,6 +20,7 @@ from outbox.connecting import CONNECTION_OPTIONS
 from outbox.errors import AdapterAlreadyRegistered, KindConflictError
 from outbox.executor import ActionExecutor, Outcome
 from outbox.kinds import BUILTIN_KINDS, ActionKind
+from outbox.limits import KindLimits, effective_limits
 from outbox.metrics import MetricsObserver
 from outbox.migrate import MigrationReport, migrate
 from outbox.observers import ExecutorObserver, LogObserver
@@ -61,6 +62,12 @@ class Outbox:
             if known is not None and known != kind:
                 raise KindConflictError(f"kind {kind.name} declared as {known} and as {kind}")
             self.kinds[kind.name] = kind
+
+    def kind_limits(self) -> dict[str, KindLimits]:
+        """Each limited kind's rate limits and concurrency caps: what the kind declares, with
+        ``OUTBOX_LIMITS`` (``settings.limits``) on top (docs/limits.md)."""
+        declared = {name: kind.limits for name, kind in self.kinds.items() if kind.limits}
+        return effective_limits(declared, self.settings.limits)
 
     def register(self, kind: ActionKind, adapter: ActionAdapter) -> None:
         """Declares ``kind`` and makes ``adapter`` its one adapter in this process."""
@@ -146,6 +153,16 @@ class Outbox:
         here) and run them all concurrently. Returns what each attempt came to."""
         names = list(kinds) if kinds is not None else list(self.adapters)
         per_kind = limit or self.settings.batch_size
+        kind_limits = self.kind_limits()
+        bounds = {}
+        for name in names:
+            cap = kind_limits[name].concurrency if name in kind_limits else None
+            bounds[name] = per_kind if cap is None else min(per_kind, cap)
+        key_caps = {
+            name: limits.key_concurrency
+            for name, limits in kind_limits.items()
+            if limits.key_concurrency is not None
+        }
         claimed_at = time.monotonic()
-        claimed = await executor.store.claim({k: per_kind for k in names}, self.settings.lease)
+        claimed = await executor.store.claim(bounds, self.settings.lease, key_caps=key_caps)
         return list(await asyncio.gather(*(executor.run(c, claimed_at) for c in claimed)))

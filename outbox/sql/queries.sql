@@ -8,9 +8,10 @@
 -- expires_at that has passed (enqueue_diagnose then says which).
 INSERT INTO {schema}.agent_action
     (kind, state, workspace_id, lane_key, idempotency_key, payload, subject_account_id,
-     max_attempts, expires_at)
+     max_attempts, expires_at, available_at, priority, limit_key)
 SELECT k.name, %(state)s, %(workspace_id)s, %(lane_key)s, %(idempotency_key)s, %(payload)s,
-       %(subject_account_id)s, %(max_attempts)s, %(expires_at)s
+       %(subject_account_id)s, %(max_attempts)s, %(expires_at)s,
+       greatest(%(not_before)s::timestamptz, now()), %(priority)s, %(limit_key)s
   FROM {schema}.agent_action_kind k
  WHERE k.name = %(kind)s
    AND (%(workspace_id)s::text IS NOT NULL OR k.instance_level)
@@ -40,16 +41,19 @@ WITH request AS (
       FROM unnest(%(kinds)s::text[], %(states)s::text[], %(workspace_ids)s::text[],
                   %(lane_keys)s::text[], %(idempotency_keys)s::text[], %(payloads)s::jsonb[],
                   %(subject_account_ids)s::text[], %(max_attempts)s::int[],
-                  %(expires_ats)s::timestamptz[])
+                  %(expires_ats)s::timestamptz[], %(not_befores)s::timestamptz[],
+                  %(priorities)s::smallint[], %(limit_keys)s::text[])
            WITH ORDINALITY AS r(kind, state, workspace_id, lane_key, idempotency_key, payload,
-                                subject_account_id, max_attempts, expires_at, ord)
+                                subject_account_id, max_attempts, expires_at, not_before,
+                                priority, limit_key, ord)
       LEFT JOIN {schema}.agent_action_kind k ON k.name = r.kind
 )
 INSERT INTO {schema}.agent_action
     (kind, state, workspace_id, lane_key, idempotency_key, payload, subject_account_id,
-     max_attempts, expires_at)
+     max_attempts, expires_at, available_at, priority, limit_key)
 SELECT r.kind, r.state, r.workspace_id, r.lane_key, r.idempotency_key, r.payload,
-       r.subject_account_id, r.max_attempts, r.expires_at
+       r.subject_account_id, r.max_attempts, r.expires_at, greatest(r.not_before, now()),
+       r.priority, r.limit_key
   FROM request r
  WHERE r.accepted
    AND NOT EXISTS (
@@ -80,8 +84,8 @@ SELECT r.kind,
 SELECT *, false AS created FROM {schema}.agent_action WHERE id = %(id)s
 
 -- name: admit
--- A proposal becomes ADMITTED and due now.
-UPDATE {schema}.agent_action SET state = 'ADMITTED', available_at = now()
+-- A proposal becomes ADMITTED and due now, or at its not_before if that is later.
+UPDATE {schema}.agent_action SET state = 'ADMITTED', available_at = greatest(available_at, now())
  WHERE id = %(id)s AND state = 'PROPOSED'
 RETURNING *, false AS created
 
@@ -98,23 +102,86 @@ RETURNING *, false AS created
 -- on a lane row; returns how many intake rows it folded.
 SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded
 
+-- name: claim_limit_keys
+-- The limit keys (workspaces, unless the actions name others) that have waiting lane heads of a
+-- kind: up to `limit` of them, in key order from the first after `after`, wrapping around once.
+-- One index probe a key (a skip scan of ix_agent_action_lane_ready), however many heads a key
+-- has; a key whose heads are all scheduled for later or busy is still listed (claim_heads then
+-- finds nothing due in it).
+WITH RECURSIVE walk(k, first, n) AS (
+    SELECT s.k, s.k, 1
+      FROM (SELECT coalesce(
+                (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
+                  WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                    AND l.head_kind = %(kind)s AND l.head_limit_key > %(after)s
+                  ORDER BY l.head_limit_key LIMIT 1),
+                (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
+                  WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                    AND l.head_kind = %(kind)s
+                  ORDER BY l.head_limit_key LIMIT 1)) AS k) s
+     WHERE s.k IS NOT NULL
+    UNION ALL
+    SELECT x.k, w.first, w.n + 1
+      FROM walk w
+     CROSS JOIN LATERAL (
+           SELECT coalesce(
+               (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
+                 WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                   AND l.head_kind = %(kind)s AND l.head_limit_key > w.k
+                 ORDER BY l.head_limit_key LIMIT 1),
+               (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
+                 WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                   AND l.head_kind = %(kind)s
+                 ORDER BY l.head_limit_key LIMIT 1)) AS k) x
+     WHERE w.n < %(limit)s AND x.k <> w.first
+)
+SELECT k AS limit_key FROM walk ORDER BY n
+
 -- name: claim_heads
 -- Due, idle lane heads of one kind become EXECUTING under a lease: the epoch rises, the
 -- attempt does not (a worker's take counts it). With `take` (an in-process executor that runs
 -- what it claims) the claim is the take too, and returns the payload; without, the payload is
 -- not read. Lanes and heads another transaction holds are skipped; a lane row is reached
 -- through its own small index, never through the lane's backlog.
-WITH heads AS (
+-- Fair and by priority: of each limit key in `keys` (claim_limit_keys) at most `per_key` due
+-- heads by (priority, due time), fewer when the key's concurrency cap (`key_cap`, NULL for
+-- none) leaves less room beside its executing actions; then up to `limit` of them, each key's
+-- first before any key's second (round robin), and by priority and due time within a round.
+WITH keys AS (
+    SELECT u.k, u.ord,
+           CASE WHEN %(key_cap)s::int IS NULL THEN %(per_key)s::int
+                ELSE least(%(per_key)s::int, %(key_cap)s::int - (
+                    SELECT count(*) FROM {schema}.agent_action e
+                     WHERE e.state = 'EXECUTING' AND e.kind = %(kind)s
+                       AND coalesce(e.limit_key, e.workspace_id, '') = u.k)::int) END AS room
+      FROM unnest(%(keys)s::text[]) WITH ORDINALITY AS u(k, ord)
+), candidates AS (
+    SELECT c.lane_key, c.head_id, c.head_priority, c.head_due_at, keys.ord, c.rn
+      FROM keys
+     CROSS JOIN LATERAL (
+           SELECT l.lane_key, l.head_id, l.head_priority, l.head_due_at,
+                  row_number() OVER (ORDER BY l.head_priority DESC, l.head_due_at) AS rn
+             FROM {schema}.agent_action_lane l
+            WHERE l.executing_id IS NULL
+              AND l.head_due_at IS NOT NULL
+              AND l.head_due_at <= now()
+              AND (l.busy_until IS NULL OR l.busy_until <= now())  -- an erased write may still run
+              AND l.head_kind = %(kind)s
+              AND l.head_limit_key = keys.k
+            ORDER BY l.head_priority DESC, l.head_due_at
+            LIMIT %(per_key)s) c
+     WHERE c.rn <= keys.room
+     ORDER BY c.rn, c.head_priority DESC, c.head_due_at, keys.ord
+     LIMIT %(limit)s
+), heads AS (
     SELECT l.head_id
       FROM {schema}.agent_action_lane l
+      JOIN candidates c ON c.lane_key = l.lane_key
      WHERE l.executing_id IS NULL
-       AND l.head_due_at IS NOT NULL
+       AND l.head_id = c.head_id
        AND l.head_due_at <= now()
-       AND (l.busy_until IS NULL OR l.busy_until <= now())  -- an erased write may still run
-       AND l.head_kind = %(kind)s
-     ORDER BY l.head_due_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+       AND (l.busy_until IS NULL OR l.busy_until <= now())
+       FOR UPDATE OF l SKIP LOCKED
 ), ready AS (
     SELECT a.id
       FROM heads
@@ -138,7 +205,8 @@ RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
           CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
           a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
           a.write_started_at, a.earlier_write_at, a.readback_ref, a.stop_reason,
-          a.retry_reason, a.created_at, a.ended_at, a.lease_until - now() AS lease_left
+          a.retry_reason, a.created_at, a.ended_at, a.priority, a.limit_key,
+          a.lease_until - now() AS lease_left
 
 -- name: claim_reclaims
 -- Executing actions whose lease expired are claimed again at once, without waiting for their
@@ -168,7 +236,8 @@ RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
           CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
           a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
           a.write_started_at, a.earlier_write_at, a.readback_ref, a.stop_reason,
-          a.retry_reason, a.created_at, a.ended_at, a.lease_until - now() AS lease_left
+          a.retry_reason, a.created_at, a.ended_at, a.priority, a.limit_key,
+          a.lease_until - now() AS lease_left
 
 -- name: end_lost_leases
 -- Executing actions whose lease expired and that may not run again end: an at-most-once one
