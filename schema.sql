@@ -33,7 +33,8 @@ BEGIN
         RAISE EXCEPTION 'guard_agent_action: kind % is not instance-level, workspace_id is required',
             bad.kind USING ERRCODE = 'check_violation';
     END IF;
-    INSERT INTO agent_action_lane_intake (lane_key) SELECT DISTINCT n.lane_key FROM new_actions n;
+    INSERT INTO agent_action_lane_intake (lane_key, priority)
+    SELECT n.lane_key, max(n.priority) FROM new_actions n GROUP BY n.lane_key;
     PERFORM pg_notify('outbox_' || current_schema(), '');
     RETURN NULL;
 END;
@@ -58,7 +59,11 @@ BEGIN
         RETURN 0;
     END IF;
     SELECT array_agg(i.seq) INTO batch
-      FROM (SELECT seq FROM agent_action_lane_intake ORDER BY seq LIMIT p_limit) i;
+      FROM ((SELECT seq FROM agent_action_lane_intake ORDER BY priority DESC, seq LIMIT p_limit)
+            UNION
+            -- The newest too: a small transaction that committed after a newsletter's is not
+            -- left behind its 100,000 intake rows (fairness, and the latency of a single send).
+            (SELECT seq FROM agent_action_lane_intake ORDER BY seq DESC LIMIT 64)) i;
     IF batch IS NULL THEN
         RETURN 0;
     END IF;
@@ -317,7 +322,8 @@ CREATE TABLE outbox.agent_action_lane (
 CREATE TABLE outbox.agent_action_lane_intake (
     seq bigint NOT NULL,
     lane_key text NOT NULL,
-    busy_until timestamp with time zone
+    busy_until timestamp with time zone,
+    priority smallint DEFAULT 0 NOT NULL
 );
 
 -- sequence agent_action_lane_intake_seq_seq
@@ -434,6 +440,10 @@ CREATE INDEX ix_agent_action_ended ON outbox.agent_action USING btree (ended_at)
 -- index ix_agent_action_expiry
 
 CREATE INDEX ix_agent_action_expiry ON outbox.agent_action USING btree (expires_at) WHERE ((state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text])) AND (expires_at IS NOT NULL));
+
+-- index ix_agent_action_lane_intake_priority
+
+CREATE INDEX ix_agent_action_lane_intake_priority ON outbox.agent_action_lane_intake USING btree (priority DESC, seq);
 
 -- index ix_agent_action_lane_ready
 

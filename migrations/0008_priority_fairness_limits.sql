@@ -41,6 +41,12 @@ CREATE INDEX ix_agent_action_lane_ready
     ON agent_action_lane (head_kind, head_limit_key, head_priority DESC, head_due_at)
     WHERE executing_id IS NULL AND head_due_at IS NOT NULL;
 
+-- The lane intake is folded by priority first: a transactional action enqueued right after a
+-- newsletter of 100,000 gets its lane row at the next claim, not after the newsletter's.
+ALTER TABLE agent_action_lane_intake ADD COLUMN priority smallint NOT NULL DEFAULT 0;
+CREATE INDEX ix_agent_action_lane_intake_priority
+    ON agent_action_lane_intake (priority DESC, seq);
+
 CREATE TABLE agent_action_rate (
     bucket     text PRIMARY KEY,               -- 'KIND' or 'KIND' || chr(31) || limit key
     next_at    timestamptz NOT NULL DEFAULT '-infinity',  -- the next free slot
@@ -94,7 +100,8 @@ BEGIN
 END;
 $$;
 
--- The lane intake, as in 0005, creating new lane rows with their head's priority and limit key.
+-- The lane intake, as in 0005, folding the most urgent intake rows first (and the newest few),
+-- and creating new lane rows with their head's priority and limit key.
 CREATE OR REPLACE FUNCTION agent_action_lane_intake(p_limit integer) RETURNS integer
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -110,7 +117,11 @@ BEGIN
         RETURN 0;
     END IF;
     SELECT array_agg(i.seq) INTO batch
-      FROM (SELECT seq FROM agent_action_lane_intake ORDER BY seq LIMIT p_limit) i;
+      FROM ((SELECT seq FROM agent_action_lane_intake ORDER BY priority DESC, seq LIMIT p_limit)
+            UNION
+            -- The newest too: a small transaction that committed after a newsletter's is not
+            -- left behind its 100,000 intake rows (fairness, and the latency of a single send).
+            (SELECT seq FROM agent_action_lane_intake ORDER BY seq DESC LIMIT 64)) i;
     IF batch IS NULL THEN
         RETURN 0;
     END IF;
@@ -161,5 +172,36 @@ BEGIN
      WHERE seq = ANY (batch) AND lane_key = ANY (folded);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
+END;
+$$;
+
+-- An insert, as in 0005, with each lane's highest new priority in its intake row.
+CREATE OR REPLACE FUNCTION agent_action_inserted() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    bad record;
+BEGIN
+    SELECT n.id, n.kind, n.state, n.epoch, n.attempt INTO bad
+      FROM new_actions n
+      LEFT JOIN agent_action_kind k ON k.name = n.kind
+     WHERE n.state NOT IN ('PROPOSED', 'ADMITTED') OR n.epoch <> 0 OR n.attempt <> 0
+        OR (n.workspace_id IS NULL AND NOT coalesce(k.instance_level, true))
+     ORDER BY n.id
+     LIMIT 1;
+    IF FOUND THEN
+        IF bad.state NOT IN ('PROPOSED', 'ADMITTED') THEN
+            RAISE EXCEPTION 'guard_agent_action: a new action starts PROPOSED or ADMITTED, not %',
+                bad.state USING ERRCODE = 'check_violation';
+        ELSIF bad.epoch <> 0 OR bad.attempt <> 0 THEN
+            RAISE EXCEPTION 'guard_agent_action: a new action starts at epoch 0 and attempt 0'
+                USING ERRCODE = 'check_violation';
+        END IF;
+        RAISE EXCEPTION 'guard_agent_action: kind % is not instance-level, workspace_id is required',
+            bad.kind USING ERRCODE = 'check_violation';
+    END IF;
+    INSERT INTO agent_action_lane_intake (lane_key, priority)
+    SELECT n.lane_key, max(n.priority) FROM new_actions n GROUP BY n.lane_key;
+    PERFORM pg_notify('outbox_' || current_schema(), '');
+    RETURN NULL;
 END;
 $$;

@@ -21,7 +21,9 @@ from outbox.attempt import ActionAttempt
 from outbox.config import Settings
 from outbox.errors import TransactionOpenError
 from outbox.fence_token import FenceToken
+from outbox.limits import KindLimits
 from outbox.observers import ExecutorObserver, Observers
+from outbox.rate_limiter import MAX_SLOT_WAIT, RateLimiter
 from outbox.results import RESULT_TYPES, Defer, Result, Retry, Uncertain, finish_for
 from outbox.state import ActionState, StopReason
 from outbox.store import ClaimedAction, Store, held_connections
@@ -30,6 +32,12 @@ if TYPE_CHECKING:
     from outbox.maintenance.ended import EndedByHousekeeping
 
 log = logging.getLogger("outbox.executor")
+
+#: The retry reason of an action deferred by its rate limit (its slot was too far away).
+RATE_LIMITED = "RATE_LIMITED"
+#: Shortest deferral for a slot, in seconds: the slot may be held by a provider's pause that
+#: ends any moment, and a deferral of nothing would spin.
+MIN_DEFER = 0.05
 
 #: A claimed action of a kind without an adapter in this process goes back to wait this long
 #: (its attempt given back), so a process with the adapter can take it.
@@ -67,11 +75,14 @@ class ActionExecutor:
         adapters: Mapping[str, ActionAdapter],
         settings: Settings,
         observers: Iterable[ExecutorObserver] | None = None,
+        kind_limits: Mapping[str, KindLimits] | None = None,
     ) -> None:
         self.store = store
         self.adapters = adapters
         self.settings = settings
         self.observers = Observers(_default_observers() if observers is None else observers)
+        #: The shared slots of the rate-limited kinds (``outbox.rate_limiter``).
+        self.limiter = RateLimiter(store, kind_limits or {})
 
     async def run(self, claimed: ClaimedAction, claimed_at: float) -> Outcome:
         """Runs one attempt. ``claimed_at`` is ``time.monotonic()`` taken before the statement
@@ -88,8 +99,30 @@ class ActionExecutor:
             )
             return await self._finish(action, Defer(NO_ADAPTER_DEFER, "NO_ADAPTER"))
         attempt = ActionAttempt(action, self.store, self.settings.write_margin, deadline)
+        waited = await self._wait_for_slot(attempt)
+        if waited is not None:
+            return await self._finish(action, waited)
         result = await self._execute(adapter, attempt)
+        if isinstance(result, Defer):
+            # A provider's pause (429, Retry-After) holds the kind's (and key's) slots for every
+            # worker, not only this action.
+            await self.limiter.hold(action, result.after)
         return await self._finish(action, result)
+
+    async def _wait_for_slot(self, attempt: ActionAttempt) -> Defer | None:
+        """A rate-limited kind: reserves the action's slot and sleeps until it (None), or, when
+        the slot is further away than this attempt may wait, the deferral until about then."""
+        margin = self.settings.write_margin.total_seconds()
+        # The adapter still needs its write margin after the wait, and a second to spare.
+        may_wait = max(0.0, min(MAX_SLOT_WAIT.total_seconds(), attempt.time_left() - margin - 1))
+        slot = await self.limiter.reserve(attempt.action, timedelta(seconds=may_wait))
+        if slot is None:
+            return None
+        if not slot.reserved:
+            return Defer(timedelta(seconds=max(slot.wait, MIN_DEFER)), RATE_LIMITED)
+        if slot.wait > 0:
+            await asyncio.sleep(slot.wait)
+        return None
 
     async def _execute(self, adapter: ActionAdapter, attempt: ActionAttempt) -> Result:
         if held_connections.get():

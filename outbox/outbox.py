@@ -144,7 +144,9 @@ class Outbox:
             await own.close()
 
     def executor(self, store: Store) -> ActionExecutor:
-        return ActionExecutor(store, self.adapters, self.settings, self.observers)
+        return ActionExecutor(
+            store, self.adapters, self.settings, self.observers, self.kind_limits()
+        )
 
     async def claim_and_run(
         self, executor: ActionExecutor, kinds: Iterable[str] | None = None, limit: int | None = None

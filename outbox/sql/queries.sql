@@ -403,6 +403,63 @@ SELECT kind,
  WHERE state = 'EXECUTING'
  GROUP BY kind
 
+-- name: rate_buckets_ensure
+-- Rate limits: the buckets an action draws from exist (one row a kind, or a kind and a key).
+INSERT INTO {schema}.agent_action_rate (bucket)
+SELECT b FROM unnest(%(buckets)s::text[]) AS u(b) ORDER BY b
+ON CONFLICT (bucket) DO NOTHING
+
+-- name: rate_reserve
+-- Rate limits: the next slot free in every bucket an action draws from (`buckets`, each with
+-- its `spacings`, the limit's interval over its count), not before a provider's hold: when it
+-- is at most `max_wait` away, every bucket's next slot moves to it plus its spacing (reserved).
+-- `found` < the buckets given means a bucket row is missing (rate_buckets_ensure, then again).
+-- The bucket rows are locked in name order, so two reservations never wait on each other.
+WITH b AS (
+    SELECT r.bucket, r.next_at, r.held_until, m.spacing
+      FROM {schema}.agent_action_rate r
+      JOIN unnest(%(buckets)s::text[], %(spacings)s::interval[]) AS m(bucket, spacing)
+        ON m.bucket = r.bucket
+     ORDER BY r.bucket
+       FOR UPDATE OF r
+), slot AS (
+    SELECT greatest(now(), max(b.next_at), max(b.held_until)) AS at, count(*) AS found FROM b
+), taken AS (
+    UPDATE {schema}.agent_action_rate r
+       SET next_at = slot.at + b.spacing, used_at = now()
+      FROM b, slot
+     WHERE r.bucket = b.bucket
+       AND slot.found = cardinality(%(buckets)s::text[])
+       AND slot.at <= now() + %(max_wait)s
+    RETURNING r.bucket
+)
+SELECT extract(epoch FROM slot.at - now())::float8 AS wait, slot.found,
+       (SELECT count(*) FROM taken) > 0 AS reserved
+  FROM slot
+
+-- name: rate_hold
+-- Rate limits: a provider asked for a pause (429 / Retry-After, an adapter's Defer): no slot of
+-- these buckets is handed out before `after` from now, to any worker.
+UPDATE {schema}.agent_action_rate
+   SET held_until = greatest(held_until, now() + %(after)s)
+ WHERE bucket = ANY(%(buckets)s::text[])
+
+-- name: rate_buckets
+-- Rate limits (status, metrics, the console): every bucket with its next free slot and the
+-- provider's hold, as seconds from now (0 when free), most recently used first.
+SELECT bucket,
+       greatest(extract(epoch FROM next_at - now()), 0)::float8 AS next_in,
+       greatest(coalesce(extract(epoch FROM held_until - now()), 0), 0)::float8 AS held_for,
+       used_at
+  FROM {schema}.agent_action_rate
+ ORDER BY used_at DESC
+ LIMIT %(limit)s
+
+-- name: rate_prune
+-- Retention: buckets no reservation used for `idle` (a key's bucket: keys come and go).
+DELETE FROM {schema}.agent_action_rate
+ WHERE used_at < now() - %(idle)s AND (held_until IS NULL OR held_until < now())
+
 -- name: probe_state
 -- The claimer's probe `(id, epoch)`: `waiting` while it is still a claim no worker took (false
 -- once taken, ended, erased or claimed again), `expired` once its lease ran out.
