@@ -8,6 +8,7 @@ the demo all use this class; there is no second copy of the mapping.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -23,7 +24,7 @@ from outbox.errors import TransactionOpenError
 from outbox.fence_token import FenceToken
 from outbox.limits import KindLimits
 from outbox.observers import ExecutorObserver, Observers
-from outbox.rate_limiter import MAX_SLOT_WAIT, RateLimiter
+from outbox.rate_limiter import MAX_SLOT_WAIT, SLOT_LEAD, RateLimiter, Slot
 from outbox.results import RESULT_TYPES, Defer, Result, Retry, Uncertain, finish_for
 from outbox.state import ActionState, StopReason
 from outbox.store import ClaimedAction, Store, held_connections
@@ -38,6 +39,11 @@ RATE_LIMITED = "RATE_LIMITED"
 #: Shortest deferral for a slot, in seconds: the slot may be held by a provider's pause that
 #: ends any moment, and a deferral of nothing would spin.
 MIN_DEFER = 0.05
+
+#: How often a fence that missed its slot reserves a fresh one before it goes anyway, and how
+#: far away that slot may be (past the fence an action cannot be deferred any more).
+LATE_TRIES = 3
+LATE_SLOT_WAIT = timedelta(minutes=10)
 
 #: A claimed action of a kind without an adapter in this process goes back to wait this long
 #: (its attempt given back), so a process with the adapter can take it.
@@ -110,8 +116,9 @@ class ActionExecutor:
         return await self._finish(action, result)
 
     async def _wait_for_slot(self, attempt: ActionAttempt) -> Defer | None:
-        """A rate-limited kind: reserves the action's slot and sleeps until it (None), or, when
-        the slot is further away than this attempt may wait, the deferral until about then."""
+        """A rate-limited kind: reserves the action's slot and sleeps until just before it
+        (None), or, when the slot is further away than this attempt may wait, the deferral
+        until about then. The fence then waits out the rest (``_on_time``)."""
         margin = self.settings.write_margin.total_seconds()
         # The adapter still needs its write margin after the wait, and a second to spare.
         may_wait = max(0.0, min(MAX_SLOT_WAIT.total_seconds(), attempt.time_left() - margin - 1))
@@ -120,9 +127,32 @@ class ActionExecutor:
             return None
         if not slot.reserved:
             return Defer(timedelta(seconds=max(slot.wait, MIN_DEFER)), RATE_LIMITED)
-        if slot.wait > 0:
-            await asyncio.sleep(slot.wait)
+        early = slot.at - SLOT_LEAD - time.monotonic()
+        if early > 0:
+            await asyncio.sleep(early)
+        attempt.before_write = functools.partial(self._on_time, attempt, slot)
         return None
+
+    async def _on_time(self, attempt: ActionAttempt, slot: Slot) -> None:
+        """After the fence passed: waits for the slot, then makes sure the call is not more than
+        the limit's tolerance late (late calls bunch up with the next ones at the provider): a
+        fence, a reservation's answer or a busy event loop that made it later reserves a fresh
+        slot and waits for that (a few tries; then it goes late). The last look at the clock is
+        right before returning to the adapter, which calls the provider at once."""
+        tolerance = self.limiter.tolerance(attempt.action)
+        for _ in range(LATE_TRIES):
+            left = slot.at - time.monotonic()
+            if left > 0:
+                await asyncio.sleep(left)
+            if time.monotonic() - slot.earliest <= tolerance:
+                return
+            fresh = await self.limiter.reserve(attempt.action, LATE_SLOT_WAIT)
+            if fresh is None:
+                return
+            slot = fresh
+        left = slot.at - time.monotonic()
+        if left > 0:
+            await asyncio.sleep(left)
 
     async def _execute(self, adapter: ActionAdapter, attempt: ActionAttempt) -> Result:
         if held_connections.get():

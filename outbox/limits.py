@@ -59,8 +59,10 @@ class Rate:
 
     @property
     def spacing(self) -> timedelta:
-        """The time between two calls the rate allows."""
-        return self.per / self.count
+        """The time between two calls the rate allows, rounded up to the microsecond (rounded
+        down, ``count`` slots would span a little less than ``per``)."""
+        micros = -(-(self.per // timedelta(microseconds=1)) // self.count)
+        return timedelta(microseconds=micros)
 
     @property
     def per_second(self) -> float:
@@ -190,12 +192,20 @@ def effective_limits(
 BUCKET_SEPARATOR = "\x1f"
 
 
+#: Slots are spaced this much wider than ``per / count``: a call reaches the provider a few
+#: milliseconds after its slot, never exactly at it, and two calls ``count`` slots apart whose
+#: delays differ must still be ``per`` apart at the provider. 3% of a second is 30 ms of
+#: tolerance; a limit of 50/s runs at 48.5/s.
+RATE_GUARD = 0.03
+
+
 def rate_buckets(kind: str, limit_key: str, limits: KindLimits) -> list[tuple[str, timedelta]]:
     """The buckets an action of ``kind`` with ``limit_key`` draws a slot from, with their
-    spacing: the kind's, and its key's."""
+    spacing (guarded): the kind's, and its key's."""
     buckets: list[tuple[str, timedelta]] = []
     if limits.rate is not None:
-        buckets.append((kind, limits.rate.spacing))
+        buckets.append((kind, limits.rate.spacing * (1 + RATE_GUARD)))
     if limits.key_rate is not None:
-        buckets.append((f"{kind}{BUCKET_SEPARATOR}{limit_key}", limits.key_rate.spacing))
+        spacing = limits.key_rate.spacing * (1 + RATE_GUARD)
+        buckets.append((f"{kind}{BUCKET_SEPARATOR}{limit_key}", spacing))
     return buckets

@@ -2,8 +2,8 @@
 
 Each limited bucket (a kind, or a kind and a limit key) is one row of ``agent_action_rate``
 holding its next free slot. Before running an adapter, the executor reserves the next slot of
-every bucket the action draws from in one short statement (``rate_reserve``), sleeps until it by
-its own clock, and only then calls the adapter. Slots are ``per / count`` apart, so the calls of
+every bucket the action draws from in one short statement (``rate_reserve``), sleeps until just
+before it by its own clock, and runs the adapter, whose fence waits out the rest (``SLOT_LEAD``). Slots are ``per / count`` apart, so the calls of
 a bucket are spaced evenly and no window of ``per`` ever holds more than ``count`` of them,
 whichever worker or process runs them. A slot further away than the executor may wait is not
 reserved: the action is deferred until about then (``Defer``, the attempt given back), so a
@@ -16,31 +16,77 @@ action until then (``rate_hold``), for every worker.
 from __future__ import annotations
 
 from collections.abc import Mapping
+import math
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
 from outbox._io import Operation, Statement
 from outbox.action import Action
-from outbox.limits import KindLimits, rate_buckets
+from outbox.limits import RATE_GUARD, KindLimits, rate_buckets
 from outbox.queries import queries_for
 from outbox.store import Store
 
+#: The executor passes the fence this many seconds before its slot, and the fence then waits
+#: out the rest: the provider call starts at its slot, not a fence statement's latency after
+#: it (which varies with load, and would bunch calls). A crash inside this short wait, after
+#: the fence, counts as one after the write started (an at-most-once action ends UNCERTAIN).
+SLOT_LEAD = 0.25
 #: Longest an executor sleeps for a slot; a slot further away defers the action instead (a
 #: deferred action frees its worker and its lane's place in the in-flight bound).
 MAX_SLOT_WAIT = timedelta(seconds=10)
 
 
+#: Clock bounds are gathered afresh this often (seconds), so that the two clocks' drift never
+#: accumulates into them.
+CLOCK_WINDOW = 60.0
+
+
+class DbClock:
+    """Where the database's clock stands against this process's ``time.monotonic()``.
+
+    Every reservation reads the database clock at some instant between sending its statement
+    and receiving the answer, so ``db - local`` lies between ``db_now - received`` and
+    ``db_now - sent``; the tightest bounds over recent reservations (the fastest round trip)
+    place a database time on the local clock to within a fraction of a millisecond, however
+    slow a given round trip was (an NTP-style estimate, with bounds instead of a midpoint).
+    """
+
+    def __init__(self) -> None:
+        self.lo = -math.inf
+        self.hi = math.inf
+        self._since = -math.inf
+
+    def sample(self, sent: float, received: float, db_now: float) -> None:
+        lo, hi = db_now - received, db_now - sent
+        if received - self._since > CLOCK_WINDOW or max(self.lo, lo) > min(self.hi, hi):
+            # A new window, or the clocks stepped against each other: start from this one.
+            self.lo, self.hi, self._since = lo, hi, received
+            return
+        self.lo, self.hi = max(self.lo, lo), min(self.hi, hi)
+
+    def local(self, db_time: float) -> tuple[float, float]:
+        """The earliest and the latest local time ``db_time`` can be."""
+        return db_time - self.hi, db_time - self.lo
+
+
 @dataclass(frozen=True, slots=True)
 class Slot:
     """A reservation's answer: ``wait`` seconds from now; ``reserved`` False when it was too far
-    to hold (then the action should wait about ``wait`` and try again)."""
+    to hold (then the action should wait about ``wait`` and try again).
+
+    ``earliest`` and ``at`` bound the slot on this process's ``time.monotonic()`` (``DbClock``):
+    it is no later than ``at`` (wait until then: never early) and no earlier than
+    ``earliest``, so a call made at ``t`` is at most ``t - earliest`` late."""
 
     wait: float
     reserved: bool
+    earliest: float = 0.0
+    at: float = 0.0
 
 
 def _reserve_operation(
-    schema: str, buckets: list[tuple[str, timedelta]], max_wait: timedelta
+    schema: str, buckets: list[tuple[str, timedelta]], max_wait: timedelta, clock: DbClock
 ) -> Operation[Slot]:
     q = queries_for(schema)
     params = {
@@ -49,9 +95,13 @@ def _reserve_operation(
         "max_wait": max_wait,
     }
     for _ in range(3):
+        sent = time.monotonic()
         (row,) = yield Statement(q["rate_reserve"], params)
+        received = time.monotonic()
         if row["found"] == len(buckets):
-            return Slot(max(0.0, float(row["wait"])), bool(row["reserved"]))
+            clock.sample(sent, received, float(row["db_now"]))
+            earliest, at = clock.local(float(row["at_epoch"]))
+            return Slot(max(0.0, float(row["wait"])), bool(row["reserved"]), earliest, at)
         # A bucket row is missing (its first use, or retention pruned it): create, then again.
         yield Statement(q["rate_buckets_ensure"], {"buckets": params["buckets"]})
     raise RuntimeError(f"rate buckets {params['buckets']} vanished three times in a row")
@@ -67,6 +117,7 @@ class RateLimiter:
     def __init__(self, store: Store, kind_limits: Mapping[str, KindLimits]) -> None:
         self.store = store
         self.kind_limits = {kind: limits for kind, limits in kind_limits.items() if limits.rated}
+        self.clock = DbClock()
 
     def buckets(self, action: Action) -> list[tuple[str, timedelta]]:
         limits = self.kind_limits.get(action.kind)
@@ -74,12 +125,21 @@ class RateLimiter:
             return []
         return rate_buckets(action.kind, action.effective_limit_key, limits)
 
+    def tolerance(self, action: Action) -> float:
+        """Seconds a call may start after its slot: half of what the guard leaves
+        (``RATE_GUARD``), the other half a margin for what happens between the executor's last
+        look at the clock and the adapter's call (synchronous code: microseconds)."""
+        limits = self.kind_limits.get(action.kind)
+        pers = [r.per for r in (limits.rate, limits.key_rate) if r] if limits else []
+        return min(pers).total_seconds() * RATE_GUARD / 2 if pers else 0.0
+
     async def reserve(self, action: Action, max_wait: timedelta) -> Slot | None:
         """The action's slot (None when its kind is not rate-limited)."""
         buckets = self.buckets(action)
         if not buckets:
             return None
-        return await self.store.run(_reserve_operation(self.store.schema, buckets, max_wait))
+        op = _reserve_operation(self.store.schema, buckets, max_wait, self.clock)
+        return await self.store.run(op)
 
     async def hold(self, action: Action, after: timedelta) -> bool:
         """A provider asked this action to wait ``after``: every bucket it draws from waits as

@@ -423,18 +423,24 @@ WITH b AS (
      ORDER BY r.bucket
        FOR UPDATE OF r
 ), slot AS (
-    SELECT greatest(now(), max(b.next_at), max(b.held_until)) AS at, count(*) AS found FROM b
+    -- The clock after the locks were granted, not the statement's start: a reservation that
+    -- queued behind others must not take a slot in the past, nor sleep from a stale time.
+    SELECT greatest(clock_timestamp(), max(b.next_at), max(b.held_until)) AS at,
+           count(*) AS found
+      FROM b
 ), taken AS (
     UPDATE {schema}.agent_action_rate r
        SET next_at = slot.at + b.spacing, used_at = now()
       FROM b, slot
      WHERE r.bucket = b.bucket
        AND slot.found = cardinality(%(buckets)s::text[])
-       AND slot.at <= now() + %(max_wait)s
+       AND slot.at <= clock_timestamp() + %(max_wait)s
     RETURNING r.bucket
 )
-SELECT extract(epoch FROM slot.at - now())::float8 AS wait, slot.found,
-       (SELECT count(*) FROM taken) > 0 AS reserved
+SELECT extract(epoch FROM slot.at - clock_timestamp())::float8 AS wait, slot.found,
+       (SELECT count(*) FROM taken) > 0 AS reserved,
+       extract(epoch FROM slot.at)::float8 AS at_epoch,
+       extract(epoch FROM clock_timestamp())::float8 AS db_now
   FROM slot
 
 -- name: rate_hold
