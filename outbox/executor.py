@@ -22,7 +22,7 @@ from outbox.attempt import ActionAttempt
 from outbox.config import Settings
 from outbox.errors import TransactionOpenError
 from outbox.fence_token import FenceToken
-from outbox.limits import KindLimits
+from outbox.limits import RATE_HORIZON, KindLimits
 from outbox.observers import ExecutorObserver, Observers
 from outbox.rate_limiter import MAX_SLOT_WAIT, SLOT_LEAD, RateLimiter, Slot
 from outbox.results import RESULT_TYPES, Defer, Result, Retry, Uncertain, finish_for
@@ -41,9 +41,9 @@ RATE_LIMITED = "RATE_LIMITED"
 MIN_DEFER = 0.05
 
 #: How often a fence that missed its slot reserves a fresh one before it goes anyway, and how
-#: far away that slot may be (past the fence an action cannot be deferred any more).
+#: far away that slot may be, in seconds (past the fence an action cannot be deferred any more).
 LATE_TRIES = 3
-LATE_SLOT_WAIT = timedelta(minutes=10)
+LATE_SLOT_WAIT = 2 * RATE_HORIZON
 
 #: A claimed action of a kind without an adapter in this process goes back to wait this long
 #: (its attempt given back), so a process with the adapter can take it.
@@ -140,19 +140,27 @@ class ActionExecutor:
         slot and waits for that (a few tries; then it goes late). The last look at the clock is
         right before returning to the adapter, which calls the provider at once."""
         tolerance = self.limiter.tolerance(attempt.action)
+        margin = self.settings.write_margin.total_seconds()
         for _ in range(LATE_TRIES):
             left = slot.at - time.monotonic()
             if left > 0:
                 await asyncio.sleep(left)
             if time.monotonic() - slot.earliest <= tolerance:
                 return
-            fresh = await self.limiter.reserve(attempt.action, LATE_SLOT_WAIT)
-            if fresh is None:
-                return
+            # Past the fence the write margin belongs to the provider call: a fresh slot only
+            # within what the lease leaves beyond it.
+            budget = min(LATE_SLOT_WAIT, attempt.time_left() - margin)
+            fresh = await self.limiter.reserve(attempt.action, timedelta(seconds=max(0, budget)))
+            if fresh is None or not fresh.reserved:
+                break
             slot = fresh
-        left = slot.at - time.monotonic()
-        if left > 0:
-            await asyncio.sleep(left)
+        log.warning(
+            "action %s of rate-limited kind %s starts %.3fs after its slot",
+            attempt.id,
+            attempt.kind,
+            time.monotonic() - slot.earliest,
+            extra={"event": "rate_slot_missed", "action_id": attempt.id, "kind": attempt.kind},
+        )
 
     async def _execute(self, adapter: ActionAdapter, attempt: ActionAttempt) -> Result:
         if held_connections.get():

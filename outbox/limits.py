@@ -118,6 +118,15 @@ class KindLimits:
     def rated(self) -> bool:
         return self.rate is not None or self.key_rate is not None
 
+    def in_flight_bound(self, in_flight: int) -> int:
+        """The most actions of the kind a claimer keeps claimed: ``in_flight``, lowered by the
+        concurrency cap, and by what the kind's rate runs in ``RATE_HORIZON`` (more would only
+        sleep on their slots, holding workers and their leases)."""
+        bound = in_flight if self.concurrency is None else min(in_flight, self.concurrency)
+        if self.rate is not None:
+            bound = min(bound, max(1, math.ceil(self.rate.per_second * RATE_HORIZON)))
+        return bound
+
     def overridden_by(self, other: KindLimits, given: Iterable[str]) -> KindLimits:
         """These limits with the fields named in ``given`` taken from ``other``."""
         return replace(self, **{name: getattr(other, name) for name in given})
@@ -192,6 +201,8 @@ def effective_limits(
 BUCKET_SEPARATOR = "\x1f"
 
 
+#: A rate-limited kind keeps at most this many seconds of its rate claimed (the claimer's bound).
+RATE_HORIZON = 2.0
 #: Slots are spaced this much wider than ``per / count``: a call reaches the provider a few
 #: milliseconds after its slot, never exactly at it, and two calls ``count`` slots apart whose
 #: delays differ must still be ``per`` apart at the provider. 3% of a second is 30 ms of

@@ -158,8 +158,8 @@ class Outbox:
         kind_limits = self.kind_limits()
         bounds = {}
         for name in names:
-            cap = kind_limits[name].concurrency if name in kind_limits else None
-            bounds[name] = per_kind if cap is None else min(per_kind, cap)
+            limits = kind_limits.get(name)
+            bounds[name] = per_kind if limits is None else limits.in_flight_bound(per_kind)
         key_caps = {
             name: limits.key_concurrency
             for name, limits in kind_limits.items()

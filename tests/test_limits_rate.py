@@ -123,7 +123,8 @@ def test_a_per_key_rate_limits_each_key_alone(make_outbox, conn, schema):
 
 
 def test_a_slot_too_far_away_defers_without_spending_an_attempt(make_outbox, conn, schema):
-    kind = limited_kind("SLOW", rate=Rate(1, timedelta(minutes=1)))
+    # A key's rate (the claimer's bound follows a kind's rate, not a key's): both are claimed.
+    kind = limited_kind("SLOW", key_rate=Rate(1, timedelta(minutes=1)))
     adapter = CountingAdapter()
     ob = make_outbox()
     ob.register(kind, adapter)
@@ -276,10 +277,15 @@ def test_real_processes_two_claimers_two_workers_keep_the_rate_at_the_provider(
     limited_rig: DispatchRig,
 ) -> None:
     rig = limited_rig
-    limits = f"{rig.rb}: rate=20/s"
-    rig.worker(processes=2, threads=8, OUTBOX_LIMITS=limits)
-    rig.claimer(OUTBOX_LIMITS=limits)
-    rig.claimer(OUTBOX_LIMITS=limits)
+    # A lease long enough that a call whose fence came back late can wait for a fresh slot.
+    env = {
+        "OUTBOX_LIMITS": f"{rig.rb}: rate=20/s",
+        "OUTBOX_LEASE_SECONDS": "30",
+        "OUTBOX_WRITE_MARGIN_SECONDS": "5",
+    }
+    rig.worker(processes=2, threads=8, **env)
+    rig.claimer(**env)
+    rig.claimer(**env)
     ids = rig.enqueue(rig.rb, lanes=100, per_lane=1)
     ended = rig.wait_ended(ids, timeout=120)
     assert {r["state"] for r in ended} == {"DONE"}

@@ -130,9 +130,8 @@ def bounded_claim_operation(
             limits[kind] = 1
             continue
         bound = in_flight
-        cap = kind_limits[kind].concurrency if kind in kind_limits else None
-        if cap is not None:
-            bound = min(bound, cap)
+        if kind in kind_limits:
+            bound = min(bound, kind_limits[kind].in_flight_bound(in_flight))
         limits[kind] = max(0, min(batch_size, bound - current[kind]))
     key_caps = {
         kind: limit.key_concurrency
