@@ -156,7 +156,8 @@ def parse_limits(text: str) -> dict[str, tuple[KindLimits, frozenset[str]]]:
         kind = kind.strip()
         if not sep or not is_kind_name(kind):
             raise ConfigurationError(
-                f"OUTBOX_LIMITS: {clause!r} must read KIND: name=value, ... (KIND in UPPER_SNAKE_CASE)"
+                f"OUTBOX_LIMITS: {clause!r} must read KIND: name=value, ..."
+                " (KIND in UPPER_SNAKE_CASE)"
             )
         if kind in out:
             raise ConfigurationError(f"OUTBOX_LIMITS: kind {kind} is given twice")

@@ -3,11 +3,12 @@
 Each limited bucket (a kind, or a kind and a limit key) is one row of ``agent_action_rate``
 holding its next free slot. Before running an adapter, the executor reserves the next slot of
 every bucket the action draws from in one short statement (``rate_reserve``), sleeps until just
-before it by its own clock, and runs the adapter, whose fence waits out the rest (``SLOT_LEAD``). Slots are ``per / count`` apart, so the calls of
-a bucket are spaced evenly and no window of ``per`` ever holds more than ``count`` of them,
-whichever worker or process runs them. A slot further away than the executor may wait is not
-reserved: the action is deferred until about then (``Defer``, the attempt given back), so a
-limited action never spends an attempt and never runs early.
+before it by its own clock, and runs the adapter, whose fence waits out the rest (``SLOT_LEAD``).
+Slots are ``per / count`` apart (a little more: ``RATE_GUARD``), so the calls of a bucket are
+spaced evenly and no window of ``per`` holds more than ``count`` of them, whichever worker or
+process runs them. A slot further away than the executor may wait is not reserved: the action
+is deferred until about then (``Defer``, the attempt given back), so a limited action never
+spends an attempt and never runs early.
 
 A provider's pause (an adapter's ``Defer``: a 429 with Retry-After) holds every bucket of that
 action until then (``rate_hold``), for every worker.
@@ -15,9 +16,9 @@ action until then (``rate_hold``), for every worker.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 

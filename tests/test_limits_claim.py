@@ -216,7 +216,7 @@ def test_a_limit_key_overrides_the_workspace_for_fairness(make_outbox, conn, sch
 
 def executing_by_key(conn, schema: str) -> dict[str, int]:
     rows = conn.execute(
-        f"SELECT coalesce(limit_key, workspace_id) AS k, count(*) FROM \"{schema}\".agent_action"
+        f'SELECT coalesce(limit_key, workspace_id) AS k, count(*) FROM "{schema}".agent_action'
         " WHERE state = 'EXECUTING' GROUP BY 1"
     ).fetchall()
     return dict(rows)
