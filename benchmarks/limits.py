@@ -164,7 +164,7 @@ def _rate(scale: Scale, name: str, settings: dict[str, str]) -> Result:
         with psycopg.connect(DATABASE_URL, autocommit=True) as watch:
             wait_until(lambda: ended_count(watch, schema) >= n, 600, f"{name}: not ended", 0.1)
             attempts = watch.execute(
-                f'SELECT max(attempt), sum(epoch) FROM "{schema}".agent_action'
+                f'SELECT max(attempt), sum(epoch)::bigint FROM "{schema}".agent_action'
             ).fetchone()
         calls = sorted(float(v) for v in client.hgetall(apps.CALLS_KEY).values())
     span = calls[-1] - calls[0]
@@ -183,8 +183,8 @@ def _rate(scale: Scale, name: str, settings: dict[str, str]) -> Result:
             "limit_per_s": RATE,
             "accuracy_pct": round(100 * (rate - RATE) / RATE, 2),
             "max_calls_in_any_1s_window": max_in_window(calls, 1.0),
-            "max_attempt": attempts[0] if attempts else None,
-            "claims": attempts[1] if attempts else None,
+            "max_attempt": int(attempts[0]) if attempts else None,
+            "claims": int(attempts[1]) if attempts else None,
             "goal": f"{RATE}/s +-5%, never more than {RATE} in any 1-s window",
         },
     )

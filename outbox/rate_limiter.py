@@ -127,12 +127,13 @@ class RateLimiter:
         return rate_buckets(action.kind, action.effective_limit_key, limits)
 
     def tolerance(self, action: Action) -> float:
-        """Seconds a call may start after its slot: half of what the guard leaves
-        (``RATE_GUARD``), the other half a margin for what happens between the executor's last
-        look at the clock and the adapter's call (synchronous code: microseconds)."""
+        """Seconds a call may start after its slot: three quarters of what the guard leaves
+        (``RATE_GUARD``), the rest a margin for what happens between the executor's last look
+        at the clock and the adapter's call (synchronous code, but another thread may hold the
+        GIL for its switch interval, 5 ms)."""
         limits = self.kind_limits.get(action.kind)
         pers = [r.per for r in (limits.rate, limits.key_rate) if r] if limits else []
-        return min(pers).total_seconds() * RATE_GUARD / 2 if pers else 0.0
+        return min(pers).total_seconds() * RATE_GUARD * 3 / 4 if pers else 0.0
 
     async def reserve(self, action: Action, max_wait: timedelta) -> Slot | None:
         """The action's slot (None when its kind is not rate-limited)."""

@@ -537,6 +537,28 @@ SELECT h.kind, count(*) AS lanes
                   AND b.id > h.id)
  GROUP BY h.kind
 
+-- name: waits_by_kind
+-- Limits view (status, metrics, the console): per kind, admitted actions not yet due (scheduled
+-- by not_before, backing off after a retry, or deferred), how many of those wait for a rate
+-- limit's slot, and when the next one is due. Reads ix_agent_action_due.
+SELECT kind,
+       count(*) AS waiting,
+       count(*) FILTER (WHERE retry_reason = 'RATE_LIMITED') AS rate_limited,
+       min(available_at) AS next_due_at
+  FROM {schema}.agent_action
+ WHERE state = 'ADMITTED' AND available_at > now()
+ GROUP BY kind
+
+-- name: executing_by_limit_key
+-- Limits view: the limit keys with the most executing actions, per kind (what the per-key
+-- concurrency caps count). Reads executing rows only.
+SELECT kind, coalesce(limit_key, workspace_id, '') AS limit_key, count(*) AS executing
+  FROM {schema}.agent_action
+ WHERE state = 'EXECUTING'
+ GROUP BY 1, 2
+ ORDER BY 3 DESC, 1, 2
+ LIMIT %(limit)s
+
 -- name: counts_by_kind_and_state
 -- Status: how many actions each kind has in each state (a full count; an operator's command).
 SELECT kind, state, count(*) AS n FROM {schema}.agent_action GROUP BY kind, state ORDER BY kind, state
