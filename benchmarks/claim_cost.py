@@ -6,7 +6,8 @@ walk over limit keys) with three priorities, and a per-key concurrency cap.
 Each timing is the real claim (``outbox.store.claim_operation``: the reclaims statement, then
 ``claim_limit_keys`` and ``claim_heads``) on a fresh transaction that is rolled back, so every
 run claims the same heads; the median of several runs is reported, with the buffers the
-``claim_heads`` plan touched (a number that does not drift with the machine's load). ``ratio`` = each case's p50 over (a)'s.
+``claim_heads`` plan touched (a number that does not drift with the machine's load).
+``ratio`` = each case's p50 over (a)'s.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from benchmarks.common import (
 )
 from outbox._io import run_sync
 from outbox.queries import queries_for
-from outbox.store import claim_operation
+from outbox.store import FAIR_KEYS_PER_CLAIM, claim_operation
 
 #: The claim batch the issue names (and the default ``batch_size``).
 BATCH = 100
@@ -107,7 +108,7 @@ def time_claims(schema: str, runs: int, key_cap: int | None = None) -> tuple[lis
             row[0]
             for row in conn.execute(
                 queries_for(schema)["claim_limit_keys"],
-                {"kind": NOOP.name, "after": "", "limit": BATCH},
+                {"kind": NOOP.name, "after": "", "limit": FAIR_KEYS_PER_CLAIM},
             )
         ]
         for i in range(runs + 1):

@@ -52,6 +52,12 @@ def _claimed(rows: list[dict[str, Any]]) -> list[ClaimedAction]:
 INTAKE_BATCH = 5000
 
 
+#: Most limit keys one claim of a kind walks (one index probe each): with more keys waiting, the
+#: next claim goes on where this one stopped, so every key is reached within a few claims and a
+#: claim's cost does not grow with the number of workspaces.
+FAIR_KEYS_PER_CLAIM = 32
+
+
 def intake_operation(schema: str) -> Operation[int]:
     """Folds up to ``INTAKE_BATCH`` lane-intake rows into the lane rows; returns how many."""
     rows = yield Statement(queries_for(schema)["lane_intake"], {"limit": INTAKE_BATCH})
@@ -111,8 +117,9 @@ def _claim_heads(
 ) -> Operation[list[ClaimedAction]]:
     """Up to ``left`` due heads of one kind, a fair share of each limit key's."""
     kind = params["kind"]
+    walk = min(left, FAIR_KEYS_PER_CLAIM)
     rows = yield Statement(
-        q["claim_limit_keys"], {"kind": kind, "after": cursor.get(kind, ""), "limit": left}
+        q["claim_limit_keys"], {"kind": kind, "after": cursor.get(kind, ""), "limit": walk}
     )
     keys = [row["limit_key"] for row in rows]
     if not keys:
