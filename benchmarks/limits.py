@@ -106,6 +106,11 @@ def _single_behind_backlog(
         r.stack.callback(client.close)
         r.outbox_workers()
         r.claimer()
+        # The pool is busy with the backlog before the first single action comes.
+        with psycopg.connect(DATABASE_URL, autocommit=True) as watch:
+            wait_until(
+                lambda: ended_count(watch, schema) >= backlog // 20, 300, f"{name}: no progress"
+            )
         committed = _paced_singles(outbox, n, pace, single_workspace, priority)
         left = _backlog_left(schema)
         starts = _starts(client, n)

@@ -35,6 +35,7 @@ def test_migrate_twice_is_a_no_op(make_outbox, database_url, schema):
         "agent_action_kind",
         "agent_action_lane",
         "agent_action_lane_intake",
+        "agent_action_rate",
         "outbox_migration",
         "webhook_subscription",
     ]
