@@ -20,6 +20,7 @@ from outbox.config import Settings
 from outbox.errors import ConfigurationError
 from outbox.executor import RATE_LIMITED
 from outbox.limits import MAX_COUNT, KindLimits, Rate, effective_limits, parse_limits
+from outbox.limits_view import limits_view, render_limits
 from outbox.testing import drain
 from tests.dispatch_support import DispatchRig
 from tests.support import rows
@@ -146,6 +147,21 @@ def test_a_slot_too_far_away_defers_without_spending_an_attempt(make_outbox, con
     (done,) = rows(conn, schema, "state = 'DONE'")
     wait = (waiting["available_at"] - done["ended_at"]).total_seconds()
     assert 50 <= wait <= 62, wait
+    # What status, the metrics and a console see: the wait, and the key's bucket a minute out.
+    view = limits_view(conn, ob.kind_limits(), schema=schema)
+    assert view.kinds["SLOW"].waiting == 1 and view.kinds["SLOW"].rate_limited == 1
+    assert view.kinds["SLOW"].limits == {
+        "rate": None,
+        "key_rate": "1/60s",
+        "concurrency": None,
+        "key_concurrency": None,
+    }
+    (bucket,) = view.buckets
+    assert bucket["kind"] == "SLOW" and bucket["limit_key"] == "w"
+    assert 55 <= bucket["next_slot_in"] <= 62  # the next free slot, a minute after the run
+    text = render_limits(view)
+    assert "SLOW: limits key_rate=1/60s; 1 waiting not yet due (1 for a rate limit)" in text
+    assert "rate SLOW key w: next slot in" in text
 
 
 def test_a_providers_pause_holds_every_worker_and_spends_no_attempt(make_outbox, conn, schema):
