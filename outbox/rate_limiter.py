@@ -108,6 +108,17 @@ def _reserve_operation(
     raise RuntimeError(f"rate buckets {params['buckets']} vanished three times in a row")
 
 
+#: A bucket no reservation used for this long is deleted by the retention (a key's bucket: keys
+#: come and go); its next use creates it afresh.
+IDLE_BUCKET = timedelta(days=1)
+
+
+def prune_buckets_operation(schema: str, idle: timedelta = IDLE_BUCKET) -> Operation[int]:
+    """Deletes the rate buckets unused for ``idle`` (and not held by a provider's pause)."""
+    yield Statement(queries_for(schema)["rate_prune"], {"idle": idle})
+    return 0
+
+
 def _hold_operation(schema: str, buckets: list[str], after: timedelta) -> Operation[None]:
     yield Statement(queries_for(schema)["rate_hold"], {"buckets": buckets, "after": after})
 

@@ -340,3 +340,28 @@ def test_real_processes_keep_a_per_key_concurrency_cap(limited_rig: DispatchRig)
         peak = max(peak, running)
     assert peak <= 3, peak
     assert peak == 3  # the cap is reached, not just respected by running one at a time
+
+
+def test_retention_drops_rate_buckets_nobody_used_for_a_day(make_outbox, conn, schema):
+    from outbox.maintenance.retention import Retention
+
+    ob = make_outbox()
+    ob.migrate()
+    conn.execute(
+        f'INSERT INTO "{schema}".agent_action_rate (bucket, used_at) VALUES'
+        " ('OLD', now() - interval '2 days'), ('NEW', now()),"
+        " ('HELD', now() - interval '2 days')"
+    )
+    conn.execute(
+        f"UPDATE \"{schema}\".agent_action_rate SET held_until = now() + interval '1 hour'"
+        " WHERE bucket = 'HELD'"
+    )
+    conn.commit()
+
+    async def turn() -> None:
+        async with ob.store() as store:
+            await Retention(timedelta(seconds=1), timedelta(days=30)).run(store)
+
+    asyncio.run(turn())
+    left = conn.execute(f'SELECT bucket FROM "{schema}".agent_action_rate ORDER BY 1').fetchall()
+    assert [row[0] for row in left] == ["HELD", "NEW"]
