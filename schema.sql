@@ -33,7 +33,8 @@ BEGIN
         RAISE EXCEPTION 'guard_agent_action: kind % is not instance-level, workspace_id is required',
             bad.kind USING ERRCODE = 'check_violation';
     END IF;
-    INSERT INTO agent_action_lane_intake (lane_key) SELECT DISTINCT n.lane_key FROM new_actions n;
+    INSERT INTO agent_action_lane_intake (lane_key, priority)
+    SELECT n.lane_key, max(n.priority) FROM new_actions n GROUP BY n.lane_key;
     PERFORM pg_notify('outbox_' || current_schema(), '');
     RETURN NULL;
 END;
@@ -58,7 +59,11 @@ BEGIN
         RETURN 0;
     END IF;
     SELECT array_agg(i.seq) INTO batch
-      FROM (SELECT seq FROM agent_action_lane_intake ORDER BY seq LIMIT p_limit) i;
+      FROM ((SELECT seq FROM agent_action_lane_intake ORDER BY priority DESC, seq LIMIT p_limit)
+            UNION
+            -- The newest too: a small transaction that committed after a newsletter's is not
+            -- left behind its 100,000 intake rows (fairness, and the latency of a single send).
+            (SELECT seq FROM agent_action_lane_intake ORDER BY seq DESC LIMIT 64)) i;
     IF batch IS NULL THEN
         RETURN 0;
     END IF;
@@ -72,10 +77,13 @@ BEGIN
     SELECT coalesce(array_agg(k.lane_key), '{}') INTO fresh
       FROM unnest(keys) AS k(lane_key)
      WHERE NOT EXISTS (SELECT 1 FROM agent_action_lane l WHERE l.lane_key = k.lane_key);
-    INSERT INTO agent_action_lane (lane_key, head_id, head_kind, head_due_at)
-    SELECT f.lane_key, h.id, h.kind, CASE WHEN h.state = 'ADMITTED' THEN h.available_at END
+    INSERT INTO agent_action_lane
+        (lane_key, head_id, head_kind, head_due_at, head_priority, head_limit_key)
+    SELECT f.lane_key, h.id, h.kind, CASE WHEN h.state = 'ADMITTED' THEN h.available_at END,
+           h.priority, coalesce(h.limit_key, h.workspace_id, '')
       FROM unnest(fresh) AS f(lane_key)
-      JOIN LATERAL (SELECT a.id, a.kind, a.state, a.available_at
+      JOIN LATERAL (SELECT a.id, a.kind, a.state, a.available_at, a.priority, a.limit_key,
+                           a.workspace_id
                       FROM agent_action a
                      WHERE a.lane_key = f.lane_key AND a.state IN ('PROPOSED', 'ADMITTED')
                      ORDER BY a.id
@@ -123,7 +131,8 @@ BEGIN
         INSERT INTO agent_action_lane (lane_key) VALUES (p_lane) ON CONFLICT DO NOTHING;
         PERFORM 1 FROM agent_action_lane WHERE lane_key = p_lane FOR UPDATE;
     END IF;
-    SELECT a.id, a.kind, a.state, a.available_at INTO head
+    SELECT a.id, a.kind, a.state, a.available_at, a.priority,
+           coalesce(a.limit_key, a.workspace_id, '') AS limit_key INTO head
       FROM agent_action a
      WHERE a.lane_key = p_lane AND a.state IN ('PROPOSED', 'ADMITTED')
      ORDER BY a.id LIMIT 1;
@@ -141,10 +150,14 @@ BEGIN
            SET head_id = head.id,
                head_kind = head.kind,
                head_due_at = CASE WHEN head.state = 'ADMITTED' THEN head.available_at END,
-               executing_id = executing
+               executing_id = executing,
+               head_priority = coalesce(head.priority, 0),
+               head_limit_key = coalesce(head.limit_key, '')
          WHERE l.lane_key = p_lane
-           AND (l.head_id, l.head_kind, l.head_due_at, l.executing_id) IS DISTINCT FROM
-               (head.id, head.kind, CASE WHEN head.state = 'ADMITTED' THEN head.available_at END, executing);
+           AND (l.head_id, l.head_kind, l.head_due_at, l.executing_id, l.head_priority,
+                l.head_limit_key) IS DISTINCT FROM
+               (head.id, head.kind, CASE WHEN head.state = 'ADMITTED' THEN head.available_at END,
+                executing, coalesce(head.priority, 0), coalesce(head.limit_key, ''));
         IF executing IS NULL AND head.state = 'ADMITTED' AND head.available_at <= now() THEN
             PERFORM pg_notify('outbox_' || current_schema(), '');
         END IF;
@@ -256,6 +269,8 @@ CREATE TABLE outbox.agent_action (
     taken_epoch bigint,
     retry_reason text,
     earlier_write_at timestamp with time zone,
+    priority smallint DEFAULT 0 NOT NULL,
+    limit_key text,
     CONSTRAINT ck_agent_action_counters CHECK (((attempt >= 0) AND (epoch >= 0))),
     CONSTRAINT ck_agent_action_ended_at CHECK (((state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) = (ended_at IS NOT NULL))),
     CONSTRAINT ck_agent_action_executing_leased CHECK (((state <> 'EXECUTING'::text) OR (lease_until IS NOT NULL))),
@@ -323,7 +338,9 @@ CREATE TABLE outbox.agent_action_lane (
     head_kind text,
     head_due_at timestamp with time zone,
     executing_id bigint,
-    busy_until timestamp with time zone
+    busy_until timestamp with time zone,
+    head_priority smallint DEFAULT 0 NOT NULL,
+    head_limit_key text DEFAULT ''::text NOT NULL
 );
 
 -- table agent_action_lane_intake
@@ -331,7 +348,8 @@ CREATE TABLE outbox.agent_action_lane (
 CREATE TABLE outbox.agent_action_lane_intake (
     seq bigint NOT NULL,
     lane_key text NOT NULL,
-    busy_until timestamp with time zone
+    busy_until timestamp with time zone,
+    priority smallint DEFAULT 0 NOT NULL
 );
 
 -- sequence agent_action_lane_intake_seq_seq
@@ -362,6 +380,15 @@ CREATE TABLE outbox.agent_action_parked_payload (
     action_id bigint NOT NULL,
     payload jsonb NOT NULL,
     parked_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+-- table agent_action_rate
+
+CREATE TABLE outbox.agent_action_rate (
+    bucket text NOT NULL,
+    next_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    held_until timestamp with time zone,
+    used_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 -- table agent_action_resolution
@@ -492,10 +519,20 @@ ALTER TABLE ONLY outbox.agent_action_parked_payload
 ALTER TABLE ONLY outbox.agent_action
     ADD CONSTRAINT agent_action_pkey PRIMARY KEY (id);
 
+-- constraint agent_action_rate agent_action_rate_pkey
+
+ALTER TABLE ONLY outbox.agent_action_rate
+    ADD CONSTRAINT agent_action_rate_pkey PRIMARY KEY (bucket);
+
 -- constraint agent_action_resolution agent_action_resolution_pkey
 
 ALTER TABLE ONLY outbox.agent_action_resolution
     ADD CONSTRAINT agent_action_resolution_pkey PRIMARY KEY (action_id);
+
+-- check constraint agent_action ck_agent_action_priority
+
+ALTER TABLE outbox.agent_action
+    ADD CONSTRAINT ck_agent_action_priority CHECK (((priority >= '-100'::integer) AND (priority <= 100))) NOT VALID;
 
 -- constraint outbox_migration outbox_migration_pkey
 
@@ -534,9 +571,13 @@ CREATE INDEX ix_agent_action_ended ON outbox.agent_action USING btree (ended_at)
 
 CREATE INDEX ix_agent_action_expiry ON outbox.agent_action USING btree (expires_at) WHERE ((state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text])) AND (expires_at IS NOT NULL));
 
+-- index ix_agent_action_lane_intake_priority
+
+CREATE INDEX ix_agent_action_lane_intake_priority ON outbox.agent_action_lane_intake USING btree (priority DESC, seq);
+
 -- index ix_agent_action_lane_ready
 
-CREATE INDEX ix_agent_action_lane_ready ON outbox.agent_action_lane USING btree (head_kind, head_due_at) WHERE ((executing_id IS NULL) AND (head_due_at IS NOT NULL));
+CREATE INDEX ix_agent_action_lane_ready ON outbox.agent_action_lane USING btree (head_kind, head_limit_key, head_priority DESC, head_due_at) WHERE ((executing_id IS NULL) AND (head_due_at IS NOT NULL));
 
 -- index ix_agent_action_lane_waiting
 

@@ -24,12 +24,18 @@ SCENARIOS: dict[str, str] = {
     "latency": "benchmarks.latency",
     "hot-lane": "benchmarks.hot_lane",
     "wal": "benchmarks.wal",
+    "priority": "benchmarks.limits:run_priority",
+    "fair": "benchmarks.limits:run_fair",
+    "rate": "benchmarks.limits:run_rate",
 }
 
 
 def runner(name: str) -> Callable[[Scale], list[Result]]:
-    module = __import__(SCENARIOS[name], fromlist=["run"])
-    return module.run
+    """The scenario's ``run`` (``module``, or ``module:function`` for one of several)."""
+    path, _, function = SCENARIOS[name].partition(":")
+    module = __import__(path, fromlist=[function or "run"])
+    run: Callable[[Scale], list[Result]] = getattr(module, function or "run")
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:

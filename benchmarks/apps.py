@@ -3,7 +3,9 @@
 
 - ``benchmarks.apps:outbox_app``: an ``Outbox`` with one no-op kind whose adapter passes its
   fence and returns ``Done``; with ``BENCH_RECORD_STARTS=1`` it first records the wall-clock time
-  it started (Redis hash ``bench:<run id>:starts``, by action id) for the latency scenario.
+  it started (Redis hash ``bench:<run id>:starts``, by action id) for the latency scenario (an
+  action whose payload says ``"record": true`` is recorded always), with ``BENCH_RECORD_CALLS=1``
+  the time of its "provider call" after the fence (``bench:<run id>:calls``) for ``rate``.
 - ``benchmarks.apps:raw_broker``: the same broker with one plain Dramatiq actor and no outbox,
   the ceiling of the e2e scenario.
 """
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 from functools import cache
+from typing import Any
 
 import dramatiq
 import redis
@@ -20,11 +24,14 @@ import redis.asyncio
 from dramatiq import Broker
 
 from benchmarks.common import NOOP, REDIS_URL, RUN_ID
-from outbox import Abandoned, ActionAttempt, Done, Outbox, Result
+from outbox import Abandoned, ActionAttempt, Defer, Done, Outbox, Result
 from outbox.dispatch import broker_from_url
 
 #: Where the adapter and the raw actor record what the scenario reads back.
 STARTS_KEY = f"bench:{RUN_ID}:starts"
+CALLS_KEY = f"bench:{RUN_ID}:calls"
+#: How long an action waits after Dramatiq's limiter refused it (the ``rate`` comparison).
+DRAMATIQ_LIMITER_RETRY = timedelta(milliseconds=50)
 RAW_DONE_KEY = f"bench:{RUN_ID}:raw:done"
 RAW_LATENCY_KEY = f"bench:{RUN_ID}:raw:latency"
 #: The raw actor's queue (the outbox's is ``NOOP.queue_name``).
@@ -34,29 +41,78 @@ TIME_LIMIT_MS = 5 * 60 * 1000
 
 
 class NoopAdapter:
-    """Passes the fence, then reports the effect done: all the outbox's own work, no effect."""
+    """Passes the fence, then reports the effect done: all the outbox's own work, no effect.
 
-    def __init__(self, record_starts_to: str | None) -> None:
-        self._redis_url = record_starts_to
+    Records its start when every start is recorded (``record_starts``) or when the action's
+    payload asks (``{"record": true}``: the one transactional action among a bulk backlog);
+    with ``record_calls``, the wall-clock time its "provider call" came (right after the
+    fence), in ``CALLS_KEY``. With ``dramatiq_limiter`` (a Dramatiq ``RateLimiter``), the call
+    waits on that limiter instead of the outbox's: a failed acquire defers the action briefly.
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None,
+        *,
+        record_starts: bool = False,
+        record_calls: bool = False,
+        dramatiq_limiter: Any = None,
+    ) -> None:
+        self._redis_url = redis_url
         self._client: redis.asyncio.Redis | None = None
+        self.record_starts = record_starts
+        self.record_calls = record_calls
+        self.dramatiq_limiter = dramatiq_limiter
+
+    def _redis(self) -> redis.asyncio.Redis:
+        if self._client is None:
+            self._client = redis.asyncio.Redis.from_url(self._redis_url or REDIS_URL)
+        return self._client
 
     async def execute(self, attempt: ActionAttempt) -> Result:
-        if self._redis_url is not None:
-            started = time.time()
-            if self._client is None:
-                self._client = redis.asyncio.Redis.from_url(self._redis_url)
-            await self._client.hset(STARTS_KEY, str(attempt.id), repr(started))
+        record = isinstance(attempt.payload, dict) and attempt.payload.get("record")
+        if self.record_starts or record:
+            await self._redis().hset(STARTS_KEY, str(attempt.id), repr(time.time()))
+        if self.dramatiq_limiter is not None:
+            with self.dramatiq_limiter.acquire(raise_on_failure=False) as acquired:
+                if not acquired:
+                    return Defer(DRAMATIQ_LIMITER_RETRY, "DRAMATIQ_RATE_LIMITED")
+                return await self._call(attempt)
+        return await self._call(attempt)
+
+    async def _call(self, attempt: ActionAttempt) -> Result:
         if not await attempt.fence().begin_write():
             return Abandoned()
+        if self.record_calls:
+            await self._redis().hset(CALLS_KEY, str(attempt.id), repr(time.time()))
         return Done(ref="noop")
+
+
+def _dramatiq_limiter() -> Any:
+    """``BENCH_LIMITER=dramatiq-window:<n>``: Dramatiq's sliding-window limiter on Redis, n
+    a second, shared by every worker (the alternative the ``rate`` scenario compares)."""
+    spec = os.environ.get("BENCH_LIMITER", "")
+    if not spec.startswith("dramatiq-window:"):
+        return None
+    from dramatiq.rate_limits import WindowRateLimiter
+    from dramatiq.rate_limits.backends import RedisBackend
+
+    backend = RedisBackend(url=os.environ.get("OUTBOX_BROKER_URL", REDIS_URL))
+    limit = int(spec.split(":", 1)[1])
+    return WindowRateLimiter(backend, f"bench:{RUN_ID}:window", limit=limit, window=1)
 
 
 @cache
 def outbox_app() -> Outbox:
     """The outbox the claimer and the workers load (``OUTBOX_*`` settings from the scenario)."""
     outbox = Outbox()
-    record = os.environ.get("BENCH_RECORD_STARTS") == "1"
-    outbox.register(NOOP, NoopAdapter(outbox.settings.broker_url if record else None))
+    adapter = NoopAdapter(
+        outbox.settings.broker_url,
+        record_starts=os.environ.get("BENCH_RECORD_STARTS") == "1",
+        record_calls=os.environ.get("BENCH_RECORD_CALLS") == "1",
+        dramatiq_limiter=_dramatiq_limiter(),
+    )
+    outbox.register(NOOP, adapter)
     return outbox
 
 

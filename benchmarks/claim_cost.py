@@ -1,10 +1,13 @@
 """``claim-cost``: what one claim batch of 100 costs on (a) a small table, (b) one hot lane of
-100,000 waiting actions plus 1,000 one-action lanes, (c) 1,000,000 ended actions in history.
+100,000 waiting actions plus 1,000 one-action lanes, (c) 1,000,000 ended actions in history,
+(d) as (b) with priorities and limits on: the single lanes over 100 workspaces (the claim's fair
+walk over limit keys) with three priorities, and a per-key concurrency cap.
 
 Each timing is the real claim (``outbox.store.claim_operation``: the reclaims statement, then
-``claim_heads``) on a fresh transaction that is rolled back, so every run claims the same heads;
-the median of several runs is reported, with the buffers the ``claim_heads`` plan touched (a
-number that does not drift with the machine's load). ``ratio`` = each case's p50 over (a)'s.
+``claim_limit_keys`` and ``claim_heads``) on a fresh transaction that is rolled back, so every
+run claims the same heads; the median of several runs is reported, with the buffers the
+``claim_heads`` plan touched (a number that does not drift with the machine's load).
+``ratio`` = each case's p50 over (a)'s.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from benchmarks.common import (
 )
 from outbox._io import run_sync
 from outbox.queries import queries_for
-from outbox.store import claim_operation
+from outbox.store import FAIR_KEYS_PER_CLAIM, claim_operation
 
 #: The claim batch the issue names (and the default ``batch_size``).
 BATCH = 100
@@ -44,7 +47,7 @@ def _insert(conn: psycopg.Connection[Any], select: str, n: int) -> None:
     )
 
 
-def fill(schema: str, *, singles: int, hot: int = 0, ended: int = 0) -> None:
+def fill(schema: str, *, singles: int, hot: int = 0, ended: int = 0, workspaces: int = 0) -> None:
     """Loads a case. Waiting actions go through the real triggers (so the lane table is what
     production keeps); the ended history is written with triggers off (the guard would refuse an
     action born ended), which leaves the lane table alone, as ended actions do."""
@@ -69,12 +72,23 @@ def fill(schema: str, *, singles: int, hot: int = 0, ended: int = 0) -> None:
                 " now() - interval '1 day' + g * interval '1 ms' FROM generate_series(1, %(n)s) g",
                 hot,
             )
-        _insert(
-            conn,
-            "SELECT %(kind)s, 'w', 'single-' || g, 'single-' || g, '{}',"
-            " now() - interval '1 hour' FROM generate_series(1, %(n)s) g",
-            singles,
-        )
+        if workspaces:
+            # Priorities and limits on: the single lanes spread over many workspaces (limit
+            # keys), with three priorities.
+            conn.execute(
+                "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key,"
+                " payload, available_at, priority) SELECT %(kind)s, 'w' || (g %% %(w)s),"
+                " 'single-' || g, 'single-' || g, '{}', now() - interval '1 hour', (g %% 3) * 10"
+                " FROM generate_series(1, %(n)s) g",
+                {"n": singles, "kind": NOOP.name, "w": workspaces},
+            )
+        else:
+            _insert(
+                conn,
+                "SELECT %(kind)s, 'w', 'single-' || g, 'single-' || g, '{}',"
+                " now() - interval '1 hour' FROM generate_series(1, %(n)s) g",
+                singles,
+            )
         conn.execute(queries_for(schema)["lane_intake"], {"limit": 10_000_000})  # as a claim does
         conn.commit()
         # Steady state: autovacuum has caught up behind the bulk load, as in production.
@@ -83,18 +97,25 @@ def fill(schema: str, *, singles: int, hot: int = 0, ended: int = 0) -> None:
         conn.execute("VACUUM ANALYZE agent_action_lane")
 
 
-def time_claims(schema: str, runs: int) -> tuple[list[float], int, int]:
+def time_claims(schema: str, runs: int, key_cap: int | None = None) -> tuple[list[float], int, int]:
     """Seconds of ``runs`` rolled-back claims (after one warm-up), the rows each claimed, and
-    the buffers one ``claim_heads`` plan touched."""
+    the buffers one ``claim_heads`` plan touched. ``key_cap``: a per-key concurrency cap on."""
     seconds: list[float] = []
     claimed = 0
+    caps = {NOOP.name: key_cap} if key_cap else None
     with psycopg.connect(DATABASE_URL) as conn:
+        keys = [
+            row[0]
+            for row in conn.execute(
+                queries_for(schema)["claim_limit_keys"],
+                {"kind": NOOP.name, "after": "", "limit": FAIR_KEYS_PER_CLAIM},
+            )
+        ]
         for i in range(runs + 1):
             with conn.transaction(force_rollback=True):
                 started = time.perf_counter()
-                rows = run_sync(
-                    conn, claim_operation(schema, {NOOP.name: BATCH}, LEASE, take=False)
-                )
+                op = claim_operation(schema, {NOOP.name: BATCH}, LEASE, take=False, key_caps=caps)
+                rows = run_sync(conn, op)
                 took = time.perf_counter() - started
             if i:  # the first run warms the caches and the plan
                 seconds.append(took)
@@ -102,7 +123,15 @@ def time_claims(schema: str, runs: int) -> tuple[list[float], int, int]:
         with conn.transaction(force_rollback=True):
             (plan,) = conn.execute(
                 "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries_for(schema)["claim_heads"],
-                {"kind": NOOP.name, "limit": BATCH, "lease": LEASE, "take": False},
+                {
+                    "kind": NOOP.name,
+                    "limit": BATCH,
+                    "lease": LEASE,
+                    "take": False,
+                    "keys": keys,
+                    "per_key": -(-BATCH // len(keys)),
+                    "key_cap": key_cap,
+                },
             ).fetchone()
     top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
     return seconds, claimed, top["Shared Hit Blocks"] + top["Shared Read Blocks"]
@@ -120,6 +149,11 @@ CASES = (
         "1,000 one-action lanes + 1,000,000 ended actions",
         {"singles": 1_000, "ended": 1_000_000},
     ),
+    (
+        "claim-cost-d",
+        "as (b), the single lanes over 100 workspaces with 3 priorities, a per-key cap of 10",
+        {"singles": 1_000, "hot": 100_000, "workspaces": 100},
+    ),
 )
 
 
@@ -129,12 +163,15 @@ def run(scale: Scale) -> list[Result]:
     base: float | None = None
     for name, what, sizes in CASES:
         sized = {k: scale.n(v, v, floor=min(v, 200)) for k, v in sizes.items()}
+        if "workspaces" in sizes:
+            sized["workspaces"] = sizes["workspaces"]
         with bench_schema(name) as schema:
             migrated_outbox(schema)
             loaded = time.perf_counter()
             fill(schema, **sized)
             load_s = time.perf_counter() - loaded
-            seconds, claimed, buffers = time_claims(schema, runs)
+            key_cap = 10 if "workspaces" in sizes else None
+            seconds, claimed, buffers = time_claims(schema, runs, key_cap)
         p50 = median(seconds)
         base = p50 if base is None else base
         results.append(

@@ -37,6 +37,10 @@ class Action:
     retry_reason: str | None = None
     #: When an earlier attempt started its write (kept through retries and deferrals).
     earlier_write_at: datetime | None = None
+    #: Higher first among the due actions of its kind (-100 to 100).
+    priority: int = 0
+    #: What per-key limits and fairness count it under, when not its workspace.
+    limit_key: str | None = None
     created: bool = False
 
     @classmethod
@@ -49,6 +53,12 @@ class Action:
     def token(self) -> FenceToken:
         """This claim of the action: every write after the claim holds only under it."""
         return FenceToken(self.id, self.epoch)
+
+    @property
+    def effective_limit_key(self) -> str:
+        """The key its per-key limits and its fair share go by: ``limit_key``, else the
+        workspace, else '' (the lane rows keep the same)."""
+        return self.limit_key or self.workspace_id or ""
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +41,9 @@ class Fence:
             attempt.fence_passed = True
             if attempt.on_fence_passed is not None:
                 attempt.on_fence_passed()
+            if attempt.before_write is not None:
+                # A rate-limited attempt: the provider call starts at its slot, not before.
+                await attempt.before_write()
         return ok
 
 
@@ -67,6 +70,9 @@ class ActionAttempt:
         self.fence_passed = False
         #: Called once the fence passed (the executor moves its timeout to the lease's end).
         self.on_fence_passed: Callable[[], None] | None = None
+        #: Awaited once the fence passed, before it returns: a rate-limited attempt waits for
+        #: its slot there (``ActionExecutor``), so the provider call starts on time.
+        self.before_write: Callable[[], Awaitable[None]] | None = None
         self._fence = Fence(self)
 
     @property

@@ -25,6 +25,7 @@ from outbox.demo.commands import setup_dashboard, setup_demo
 from outbox.dispatch.commands import setup_claimer, setup_worker
 from outbox.erasure import ErasureReport, erase_subject
 from outbox.health.commands import setup_health
+from outbox.limits_view import limits_view, render_limits
 from outbox.loader import load_app
 from outbox.logs import configure_logging
 from outbox.operator.commands import setup_operator
@@ -187,11 +188,19 @@ def _cmd_status(args: argparse.Namespace) -> int:
     with conn:
         report = status(conn, schema=app.schema, latest=args.latest)
         disabled = disabled_webhook_endpoints(conn, schema=app.schema)
+        limits = limits_view(conn, app.kind_limits(), schema=app.schema)
     if args.json:
-        _print_json({**report.as_dict(), "disabled_webhook_endpoints": disabled})
+        _print_json(
+            {
+                **report.as_dict(),
+                "disabled_webhook_endpoints": disabled,
+                "limits": limits.as_dict(),
+            }
+        )
     else:
         print(render_status(report))
         print(render_disabled_webhook_endpoints(disabled))
+        print(render_limits(limits))
     return 0
 
 

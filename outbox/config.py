@@ -12,6 +12,7 @@ from psycopg import ProgrammingError
 from psycopg.conninfo import conninfo_to_dict
 
 from outbox.errors import ConfigurationError
+from outbox.limits import parse_limits
 from outbox.queries import validate_schema
 from outbox.request_checks import DEFAULT_MAX_PAYLOAD_BYTES
 
@@ -110,9 +111,14 @@ class Settings:
     #: A loop that went this long without a round is not live; one that went this long without
     #: doing its job (or had trouble since) is not ready.
     health_stale: timedelta = timedelta(seconds=60)
+    #: Rate limits and concurrency caps per kind, over what the kinds declare (docs/limits.md):
+    #: ``EMAIL: rate=14/s, key_concurrency=10; WEBHOOK: key_rate=100/m``. Every claimer and
+    #: worker of a deployment must be given the same.
+    limits: str = ""
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
+        parse_limits(self.limits)  # refuses a malformed or hostile value before anything runs
         if self.write_margin >= self.lease:
             raise ConfigurationError(
                 f"write_margin ({self.write_margin}) must be shorter than the lease ({self.lease})"

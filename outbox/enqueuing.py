@@ -54,6 +54,9 @@ def _params(request: ActionRequest, payload: bytes) -> dict[str, Any]:
         "subject_account_id": as_text(request.subject_account_id),
         "max_attempts": request.max_attempts,
         "expires_at": utc(request.expires_at),
+        "not_before": utc(request.not_before),
+        "priority": request.priority,
+        "limit_key": as_text(request.limit_key),
     }
 
 
@@ -142,6 +145,9 @@ def enqueue_many_operation(
             ("subject_account_ids", "subject_account_id"),
             ("max_attempts", "max_attempts"),
             ("expires_ats", "expires_at"),
+            ("not_befores", "not_before"),
+            ("priorities", "priority"),
+            ("limit_keys", "limit_key"),
         )
     }
     found: dict[str, Action] = {}

@@ -8,6 +8,7 @@ the demo all use this class; there is no second copy of the mapping.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -21,7 +22,9 @@ from outbox.attempt import ActionAttempt
 from outbox.config import Settings
 from outbox.errors import TransactionOpenError
 from outbox.fence_token import FenceToken
+from outbox.limits import RATE_HORIZON, KindLimits
 from outbox.observers import ExecutorObserver, Observers
+from outbox.rate_limiter import MAX_SLOT_WAIT, SLOT_LEAD, RateLimiter, Slot
 from outbox.results import RESULT_TYPES, Defer, Result, Retry, Uncertain, finish_for
 from outbox.state import ActionState, StopReason
 from outbox.store import ClaimedAction, Store, held_connections
@@ -30,6 +33,17 @@ if TYPE_CHECKING:
     from outbox.maintenance.ended import EndedByHousekeeping
 
 log = logging.getLogger("outbox.executor")
+
+#: The retry reason of an action deferred by its rate limit (its slot was too far away).
+RATE_LIMITED = "RATE_LIMITED"
+#: Shortest deferral for a slot, in seconds: the slot may be held by a provider's pause that
+#: ends any moment, and a deferral of nothing would spin.
+MIN_DEFER = 0.05
+
+#: How often a fence that missed its slot reserves a fresh one before it goes anyway, and how
+#: far away that slot may be, in seconds (past the fence an action cannot be deferred any more).
+LATE_TRIES = 3
+LATE_SLOT_WAIT = 2 * RATE_HORIZON
 
 #: A claimed action of a kind without an adapter in this process goes back to wait this long
 #: (its attempt given back), so a process with the adapter can take it.
@@ -67,11 +81,14 @@ class ActionExecutor:
         adapters: Mapping[str, ActionAdapter],
         settings: Settings,
         observers: Iterable[ExecutorObserver] | None = None,
+        kind_limits: Mapping[str, KindLimits] | None = None,
     ) -> None:
         self.store = store
         self.adapters = adapters
         self.settings = settings
         self.observers = Observers(_default_observers() if observers is None else observers)
+        #: The shared slots of the rate-limited kinds (``outbox.rate_limiter``).
+        self.limiter = RateLimiter(store, kind_limits or {})
 
     async def run(self, claimed: ClaimedAction, claimed_at: float) -> Outcome:
         """Runs one attempt. ``claimed_at`` is ``time.monotonic()`` taken before the statement
@@ -90,8 +107,62 @@ class ActionExecutor:
         attempt = ActionAttempt(
             action, self.store, self.settings.write_margin, deadline, self._claimed_at(action)
         )
+        waited = await self._wait_for_slot(attempt)
+        if waited is not None:
+            return await self._finish(action, waited)
         result = await self._execute(adapter, attempt)
+        if isinstance(result, Defer):
+            # A provider's pause (429, Retry-After) holds the kind's (and key's) slots for every
+            # worker, not only this action.
+            await self.limiter.hold(action, result.after)
         return await self._finish(action, result, attempt.error_class, attempt.fence_passed)
+
+    async def _wait_for_slot(self, attempt: ActionAttempt) -> Defer | None:
+        """A rate-limited kind: reserves the action's slot and sleeps until just before it
+        (None), or, when the slot is further away than this attempt may wait, the deferral
+        until about then. The fence then waits out the rest (``_on_time``)."""
+        margin = self.settings.write_margin.total_seconds()
+        # The adapter still needs its write margin after the wait, and a second to spare.
+        may_wait = max(0.0, min(MAX_SLOT_WAIT.total_seconds(), attempt.time_left() - margin - 1))
+        slot = await self.limiter.reserve(attempt.action, timedelta(seconds=may_wait))
+        if slot is None:
+            return None
+        if not slot.reserved:
+            return Defer(timedelta(seconds=max(slot.wait, MIN_DEFER)), RATE_LIMITED)
+        early = slot.at - SLOT_LEAD - time.monotonic()
+        if early > 0:
+            await asyncio.sleep(early)
+        attempt.before_write = functools.partial(self._on_time, attempt, slot)
+        return None
+
+    async def _on_time(self, attempt: ActionAttempt, slot: Slot) -> None:
+        """After the fence passed: waits for the slot, then makes sure the call is not more than
+        the limit's tolerance late (late calls bunch up with the next ones at the provider): a
+        fence, a reservation's answer or a busy event loop that made it later reserves a fresh
+        slot and waits for that (a few tries; then it goes late). The last look at the clock is
+        right before returning to the adapter, which calls the provider at once."""
+        tolerance = self.limiter.tolerance(attempt.action)
+        margin = self.settings.write_margin.total_seconds()
+        for _ in range(LATE_TRIES):
+            left = slot.at - time.monotonic()
+            if left > 0:
+                await asyncio.sleep(left)
+            if time.monotonic() - slot.earliest <= tolerance:
+                return
+            # Past the fence the write margin belongs to the provider call: a fresh slot only
+            # within what the lease leaves beyond it.
+            budget = min(LATE_SLOT_WAIT, attempt.time_left() - margin)
+            fresh = await self.limiter.reserve(attempt.action, timedelta(seconds=max(0, budget)))
+            if fresh is None or not fresh.reserved:
+                break
+            slot = fresh
+        log.warning(
+            "action %s of rate-limited kind %s starts %.3fs after its slot",
+            attempt.id,
+            attempt.kind,
+            time.monotonic() - slot.earliest,
+            extra={"event": "rate_slot_missed", "action_id": attempt.id, "kind": attempt.kind},
+        )
 
     async def _execute(self, adapter: ActionAdapter, attempt: ActionAttempt) -> Result:
         if held_connections.get():

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from outbox.limits import KindLimits
 
 # fullmatch, not ``$``: a trailing newline must not pass.
 _NAME = re.compile(r"[A-Z][A-Z0-9_]{0,62}")
@@ -20,18 +24,28 @@ class ActionKind:
 
     ``at_most_once``: the provider cannot be read back (email), so an action whose write started is
     never attempted again. ``instance_level``: the effect belongs to the instance, not to a
-    workspace, so its actions may have no ``workspace_id``.
+    workspace, so its actions may have no ``workspace_id``. ``limits``: its rate limits and
+    concurrency caps (``outbox.limits.KindLimits``; ``OUTBOX_LIMITS`` overrides them).
     """
 
     name: str
     at_most_once: bool = False
     instance_level: bool = False
+    #: Not part of the kind's identity (nor stored): the same kind may carry other limits in
+    #: another deployment, and the settings may override them.
+    limits: KindLimits | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not is_kind_name(self.name):
             raise ValueError(
                 f"kind name {self.name!r} must be UPPER_SNAKE_CASE, at most 63 characters"
             )
+        if self.limits is not None:
+            # Imported here: outbox.limits reads kind names from this module.
+            from outbox.limits import KindLimits
+
+            if not isinstance(self.limits, KindLimits):
+                raise ValueError(f"limits of {self.name} must be a KindLimits, not {self.limits!r}")
 
     @property
     def queue_name(self) -> str:

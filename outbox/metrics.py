@@ -35,6 +35,7 @@ from outbox.state import ActionState, StopReason
 
 if TYPE_CHECKING:
     from outbox.executor import Outcome
+    from outbox.limits_view import LimitsView
 
 log = logging.getLogger("outbox.metrics")
 
@@ -178,6 +179,43 @@ BLOCKED_LANES = Gauge(
     ["kind"],
     multiprocess_mode="livemostrecent",
 )
+
+
+WAITING = Gauge(
+    "outbox_actions_waiting",
+    "Admitted actions not yet due (scheduled by not_before, backing off, deferred), by kind",
+    ["kind"],
+    multiprocess_mode="livemostrecent",
+)
+RATE_LIMITED = Gauge(
+    "outbox_actions_rate_limited",
+    "Admitted actions deferred by a rate limit (their slot was too far away), by kind",
+    ["kind"],
+    multiprocess_mode="livemostrecent",
+)
+RATE_NEXT_SLOT = Gauge(
+    "outbox_rate_next_slot_seconds",
+    "Seconds until a rate-limited kind's next free slot (0: free now), by kind",
+    ["kind"],
+    multiprocess_mode="livemostrecent",
+)
+RATE_HELD = Gauge(
+    "outbox_rate_held_seconds",
+    "Seconds a provider's pause (429, Retry-After) still holds a rate-limited kind, by kind",
+    ["kind"],
+    multiprocess_mode="livemostrecent",
+)
+
+
+def set_limit_gauges(view: LimitsView) -> None:
+    """The waits the limits cause, from ``outbox.limits_view`` (zeros included)."""
+    for item in view.kinds.values():
+        WAITING.labels(kind=item.kind).set(item.waiting)
+        RATE_LIMITED.labels(kind=item.kind).set(item.rate_limited)
+    for bucket in view.buckets:
+        if not bucket["limit_key"]:  # the kind's own bucket (a key's would explode the labels)
+            RATE_NEXT_SLOT.labels(kind=bucket["kind"]).set(bucket["next_slot_in"])
+            RATE_HELD.labels(kind=bucket["kind"]).set(bucket["held_for"])
 
 
 def set_backlog_gauges(backlog: Backlog) -> None:

@@ -19,6 +19,7 @@ from outbox.connecting import CONNECTION_OPTIONS
 from outbox.errors import AdapterAlreadyRegistered, KindConflictError
 from outbox.executor import ActionExecutor, Outcome
 from outbox.kinds import BUILTIN_KINDS, ActionKind
+from outbox.limits import KindLimits, effective_limits
 from outbox.metrics import MetricsObserver
 from outbox.migrate import MigrationReport, migrate
 from outbox.observers import ExecutorObserver, LogObserver
@@ -60,6 +61,12 @@ class Outbox:
             if known is not None and known != kind:
                 raise KindConflictError(f"kind {kind.name} declared as {known} and as {kind}")
             self.kinds[kind.name] = kind
+
+    def kind_limits(self) -> dict[str, KindLimits]:
+        """Each limited kind's rate limits and concurrency caps: what the kind declares, with
+        ``OUTBOX_LIMITS`` (``settings.limits``) on top (docs/limits.md)."""
+        declared = {name: kind.limits for name, kind in self.kinds.items() if kind.limits}
+        return effective_limits(declared, self.settings.limits)
 
     def register(self, kind: ActionKind, adapter: ActionAdapter) -> None:
         """Declares ``kind`` and makes ``adapter`` its one adapter in this process."""
@@ -142,7 +149,9 @@ class Outbox:
             await own.close()
 
     def executor(self, store: Store) -> ActionExecutor:
-        return ActionExecutor(store, self.adapters, self.settings, self.observers)
+        return ActionExecutor(
+            store, self.adapters, self.settings, self.observers, self.kind_limits()
+        )
 
     async def claim_and_run(
         self, executor: ActionExecutor, kinds: Iterable[str] | None = None, limit: int | None = None
@@ -151,6 +160,16 @@ class Outbox:
         here) and run them all concurrently. Returns what each attempt came to."""
         names = list(kinds) if kinds is not None else list(self.adapters)
         per_kind = limit or self.settings.batch_size
+        kind_limits = self.kind_limits()
+        bounds = {}
+        for name in names:
+            limits = kind_limits.get(name)
+            bounds[name] = per_kind if limits is None else limits.in_flight_bound(per_kind)
+        key_caps = {
+            name: limits.key_concurrency
+            for name, limits in kind_limits.items()
+            if limits.key_concurrency is not None
+        }
         claimed_at = time.monotonic()
-        claimed = await executor.store.claim({k: per_kind for k in names}, self.settings.lease)
+        claimed = await executor.store.claim(bounds, self.settings.lease, key_caps=key_caps)
         return list(await asyncio.gather(*(executor.run(c, claimed_at) for c in claimed)))

@@ -12,6 +12,7 @@ from outbox.request_checks import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     check_expires_at,
     check_max_attempts,
+    check_priority,
     check_text,
     encoded_payload,
     id_text,
@@ -27,6 +28,11 @@ class ActionRequest:
     ``payload``: JSON the adapter needs; keep it to identifiers the adapter can read the rest by.
     ``subject_account_id``: the account the effect addresses; erasing it deletes the action.
     ``proposal``: an agent's proposal starts PROPOSED and waits for ``admit`` or ``refuse``.
+    ``not_before``: the action never runs before then (a scheduled send); it holds its lane
+    until then, as a lane's head does.
+    ``priority``: -100 to 100, higher first among the due actions of its kind (0 by default).
+    ``limit_key``: what per-key rate limits, concurrency caps and fairness count it under (a
+    recipient domain, a provider account); its workspace when not given.
     """
 
     kind: ActionKind | str
@@ -38,6 +44,9 @@ class ActionRequest:
     max_attempts: int = 5
     expires_at: datetime | None = None
     proposal: bool = False
+    not_before: datetime | None = None
+    priority: int = 0
+    limit_key: str | int | None = None
 
     @property
     def kind_name(self) -> str:
@@ -69,7 +78,15 @@ class ActionRequest:
         payload = encoded_payload(self.payload, max_payload_bytes)
         check_max_attempts(self.max_attempts)
         check_expires_at(self.expires_at)
-        for name in ("workspace_id", "subject_account_id"):
+        check_expires_at(self.not_before, "not_before")
+        if (
+            self.not_before is not None
+            and self.expires_at is not None
+            and self.not_before >= self.expires_at
+        ):
+            raise InvalidActionRequest("not_before", "must be before expires_at")
+        check_priority(self.priority)
+        for name in ("workspace_id", "subject_account_id", "limit_key"):
             value = getattr(self, name)
             if value is None:
                 continue

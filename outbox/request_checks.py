@@ -82,17 +82,36 @@ def check_max_attempts(value: object) -> None:
         raise InvalidActionRequest("max_attempts", f"must be an integer from 1 to {MAX_ATTEMPTS}")
 
 
-def check_expires_at(value: object) -> None:
+def check_expires_at(value: object, name: str = "expires_at") -> None:
+    """``expires_at`` (and ``not_before``, with ``name``): None, or an aware datetime the
+    database can store."""
     if value is None:
         return
     if not isinstance(value, datetime) or value.utcoffset() is None:
-        raise InvalidActionRequest("expires_at", "must be a timezone-aware datetime")
+        raise InvalidActionRequest(name, "must be a timezone-aware datetime")
     try:
         value.astimezone(UTC)  # what is sent (see utc); raises before the year 1 in UTC
     except OverflowError:
-        raise InvalidActionRequest("expires_at", "is before the year 1 in UTC") from None
+        raise InvalidActionRequest(name, "is before the year 1 in UTC") from None
     if value >= EXPIRES_AT_LIMIT:
-        raise InvalidActionRequest("expires_at", f"must be before {EXPIRES_AT_LIMIT:%Y-%m-%d} UTC")
+        raise InvalidActionRequest(name, f"must be before {EXPIRES_AT_LIMIT:%Y-%m-%d} UTC")
+
+
+#: Priorities run from MIN_PRIORITY to MAX_PRIORITY, higher first (a smallint column with a
+#: check; a few levels are all a sender needs, and a bound keeps hostile values out).
+MIN_PRIORITY = -100
+MAX_PRIORITY = 100
+
+
+def check_priority(value: object) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not MIN_PRIORITY <= value <= MAX_PRIORITY
+    ):
+        raise InvalidActionRequest(
+            "priority", f"must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY} (higher first)"
+        )
 
 
 def utc(value: datetime | None) -> datetime | None:

@@ -52,6 +52,12 @@ def _claimed(rows: list[dict[str, Any]]) -> list[ClaimedAction]:
 INTAKE_BATCH = 5000
 
 
+#: Most limit keys one claim of a kind walks (one index probe each): with more keys waiting, the
+#: next claim goes on where this one stopped, so every key is reached within a few claims and a
+#: claim's cost does not grow with the number of workspaces.
+FAIR_KEYS_PER_CLAIM = 32
+
+
 @dataclass(frozen=True, slots=True)
 class Intake:
     """What a claim's first statement said: how many lane-intake rows it folded, and which
@@ -76,6 +82,8 @@ def claim_operation(
     take: bool,
     intake: bool = True,
     reclaims_only: Collection[str] = (),
+    key_caps: Mapping[str, int] | None = None,
+    cursor: dict[str, str] | None = None,
 ) -> Operation[list[ClaimedAction]]:
     """Per kind, reclaims of expired leases first (they wait for nothing), then due lane heads
     (none for the kinds in ``reclaims_only``); first the lane intake is folded, unless
@@ -86,12 +94,19 @@ def claim_operation(
     the payload is returned. Without, the claimed actions carry no payload (a claimer pushes only
     ``(id, epoch)``, and a payload may be large). A kind an operator paused is skipped (the
     intake says which; a caller that folded it passes no limit for them).
+
+    Lane heads are claimed fairly between limit keys (``claim_limit_keys``, then
+    ``claim_heads``) and by priority within a key; ``key_caps`` bounds each key's executing
+    actions per kind, and ``cursor`` (kind -> the last key a claim reached) carries the round
+    robin from one claim to the next: give the same dict to every claim of one claimer.
     """
     q = queries_for(schema)
     paused: frozenset[str] = frozenset()
     if intake:
         paused = (yield from intake_operation(schema)).paused
     claimed: list[ClaimedAction] = []
+    caps = key_caps or {}
+    last = cursor if cursor is not None else {}
     # Statements a kind, so that each kind's bound holds and each is an index range scan.
     for kind, limit in limits.items():
         if limit <= 0 or kind in paused:
@@ -101,8 +116,39 @@ def claim_operation(
         claimed.extend(_claimed(rows))
         left = limit - len(rows)
         if left > 0 and kind not in reclaims_only:
-            rows = yield Statement(q["claim_heads"], {**params, "limit": left})
-            claimed.extend(_claimed(rows))
+            claimed.extend((yield from _claim_heads(q, params, left, caps.get(kind), last)))
+    return claimed
+
+
+def _claim_heads(
+    q: Mapping[str, str],
+    params: Mapping[str, Any],
+    left: int,
+    key_cap: int | None,
+    cursor: dict[str, str],
+) -> Operation[list[ClaimedAction]]:
+    """Up to ``left`` due heads of one kind, a fair share of each limit key's."""
+    kind = params["kind"]
+    walk = min(left, FAIR_KEYS_PER_CLAIM)
+    rows = yield Statement(
+        q["claim_limit_keys"], {"kind": kind, "after": cursor.get(kind, ""), "limit": walk}
+    )
+    keys = [row["limit_key"] for row in rows]
+    if not keys:
+        return []
+    cursor[kind] = keys[-1]
+    claimed: list[ClaimedAction] = []
+    per_key = -(-left // len(keys))
+    # A second pass when the first left room: some keys had fewer due heads than their share,
+    # so the others may take more (claimed lanes are executing now, so nothing is taken twice).
+    for _ in range(2 if len(keys) > 1 else 1):
+        heads = {**params, "keys": keys, "per_key": per_key, "limit": left, "key_cap": key_cap}
+        rows = yield Statement(q["claim_heads"], heads)
+        claimed.extend(_claimed(rows))
+        left -= len(rows)
+        if left <= 0 or not rows:
+            break
+        per_key = left
     return claimed
 
 
@@ -153,6 +199,8 @@ class Store:
         self.schema = schema
         #: The lease a worker's take starts afresh (the claimers' lease: one setting).
         self.lease = lease
+        #: Per kind, the limit key this store's last claim reached (the round robin's place).
+        self.fair_cursor: dict[str, str] = {}
         # Group commit (outbox.batching): concurrent takes, fences and finishes of this
         # process share statements; each row keeps its own epoch check.
         self._take: GroupWriter[FenceToken, FenceToken, ClaimedAction] = GroupWriter(
@@ -237,11 +285,19 @@ class Store:
             return await run_async(conn, op)
 
     async def claim(
-        self, limits: Mapping[str, int], lease: timedelta, *, take: bool = True
+        self,
+        limits: Mapping[str, int],
+        lease: timedelta,
+        *,
+        take: bool = True,
+        key_caps: Mapping[str, int] | None = None,
     ) -> list[ClaimedAction]:
         """Claims; with ``take`` (an executor in this process runs what it claims) it takes at
         once, without (a claimer that pushes) it leaves the take to a worker."""
-        return await self.run(claim_operation(self.schema, limits, lease, take=take))
+        op = claim_operation(
+            self.schema, limits, lease, take=take, key_caps=key_caps, cursor=self.fair_cursor
+        )
+        return await self.run(op)
 
     async def take_attempt(self, token: FenceToken) -> ClaimedAction | None:
         """The executing action a message names, if its epoch still holds, at most once per

@@ -67,7 +67,16 @@ def claim_buffers(conn, schema: str, limit: int = 100) -> tuple[int, int, int]:
     with conn.transaction(force_rollback=True):
         (plan,) = conn.execute(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql,
-            {"kind": "NOTE", "limit": limit, "lease": timedelta(minutes=5), "take": False},
+            {
+                "kind": "NOTE",
+                "limit": limit,
+                "lease": timedelta(minutes=5),
+                "take": False,
+                # Every action here is of workspace 'w': one limit key, its whole share.
+                "keys": ["w"],
+                "per_key": limit,
+                "key_cap": None,
+            },
         ).fetchone()
     top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
     buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]

@@ -39,6 +39,7 @@ def test_migrate_twice_is_a_no_op(make_outbox, database_url, schema):
         "agent_action_lane_intake",
         "agent_action_link",
         "agent_action_parked_payload",
+        "agent_action_rate",
         "agent_action_resolution",
         "outbox_migration",
         "outbox_operator_audit",

@@ -37,6 +37,7 @@ from outbox.dispatch.heartbeat import Heartbeat
 from outbox.dispatch.pushing import BrokerGate, OffLoop
 from outbox.fence_token import FenceToken
 from outbox.health import ProcessHealth, process_health, start_health_server
+from outbox.limits import KindLimits
 from outbox.maintenance import Maintenance
 from outbox.queries import queries_for
 from outbox.store import (
@@ -95,9 +96,14 @@ def bounded_claim_operation(
     batch_size: int,
     lease: timedelta,
     watch: ConsumptionWatch,
+    kind_limits: Mapping[str, KindLimits] | None = None,
+    cursor: dict[str, str] | None = None,
 ) -> Operation[Round]:
     """Folds the lane intake, counts in-flight and unconsumed claims per kind, and claims up to
-    the bound (one probe for a kind whose claims no worker takes); run it in a transaction."""
+    the bound (one probe for a kind whose claims no worker takes); run it in a transaction.
+    A kind's concurrency cap (``kind_limits``) lowers its bound below ``in_flight``; its
+    per-key cap bounds each limit key's share (``claim_operation``)."""
+    kind_limits = kind_limits or {}
     q = queries_for(schema)
     yield Statement(q["claim_lock"], {"schema": schema})
     intake = yield from intake_operation(schema)
@@ -134,9 +140,24 @@ def bounded_claim_operation(
             probing.add(kind)
             limits[kind] = 1
             continue
-        limits[kind] = max(0, min(batch_size, in_flight - current[kind]))
+        bound = in_flight
+        if kind in kind_limits:
+            bound = min(bound, kind_limits[kind].in_flight_bound(in_flight))
+        limits[kind] = max(0, min(batch_size, bound - current[kind]))
+    key_caps = {
+        kind: limit.key_concurrency
+        for kind, limit in kind_limits.items()
+        if limit.key_concurrency is not None
+    }
     claimed = yield from claim_operation(
-        schema, limits, lease, take=False, intake=False, reclaims_only=probing
+        schema,
+        limits,
+        lease,
+        take=False,
+        intake=False,
+        reclaims_only=probing,
+        key_caps=key_caps,
+        cursor=cursor,
     )
     for item in claimed:
         if item.action.kind in probing:
@@ -178,6 +199,10 @@ class Claimer:
             lambda: self._in_flight_now,
             self.settings.heartbeat_interval.total_seconds(),
         )
+        #: Each kind's rate limits and concurrency caps (declared, then OUTBOX_LIMITS).
+        self.kind_limits = dispatch.outbox.kind_limits()
+        #: Per kind, the limit key the last claim reached: the next starts after it.
+        self.fair_cursor: dict[str, str] = {}
         self.off_loop = OffLoop(self.settings.push_timeout.total_seconds())
         self.gate = BrokerGate(dispatch.broker, self.off_loop)
         #: Live while rounds go round; ready while they claim and push (outbox.health).
@@ -201,6 +226,8 @@ class Claimer:
             self.settings.batch_size,
             self.settings.lease,
             self.watch,
+            self.kind_limits,
+            self.fair_cursor,
         )
         async with self.store.connection() as conn, conn.transaction():
             await enter_claim_round(conn, self.store.schema, self.settings)

@@ -6,17 +6,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from outbox.backlog import Backlog, backlog_operation
+from outbox.limits_view import limits_view_operation
 from outbox.maintenance.service import MaintenanceService
-from outbox.metrics import set_backlog_gauges
+from outbox.metrics import set_backlog_gauges, set_limit_gauges
 
 if TYPE_CHECKING:
     from outbox.store import Store
 
 
 async def refresh_backlog_gauges(store: Store) -> Backlog:
-    """Reads the backlog and sets the gauges; returns what it read."""
+    """Reads the backlog and the waits the limits cause, and sets the gauges; returns the
+    backlog."""
     backlog = await store.run(backlog_operation(store.schema))
     set_backlog_gauges(backlog)
+    set_limit_gauges(await store.run(limits_view_operation(store.schema, {})))
     return backlog
 
 

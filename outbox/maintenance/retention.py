@@ -22,6 +22,7 @@ from outbox.enqueuing import default_schema
 from outbox.errors import ConfigurationError
 from outbox.maintenance.service import MaintenanceService
 from outbox.queries import queries_for
+from outbox.rate_limiter import prune_buckets_operation
 
 if TYPE_CHECKING:
     from outbox.store import Store
@@ -133,6 +134,9 @@ class Retention(MaintenanceService):
         self.max_batches = max_batches
 
     async def run(self, store: Store) -> int:
-        return await prune_async(
+        pruned = await prune_async(
             store, self.retention, batch_size=self.batch_size, max_batches=self.max_batches
         )
+        # Rate buckets of limit keys nobody used for a day (one short DELETE of a small table).
+        await store.run(prune_buckets_operation(store.schema))
+        return pruned

@@ -8,9 +8,10 @@
 -- expires_at that has passed (enqueue_diagnose then says which).
 INSERT INTO {schema}.agent_action
     (kind, state, workspace_id, lane_key, idempotency_key, payload, subject_account_id,
-     max_attempts, expires_at)
+     max_attempts, expires_at, available_at, priority, limit_key)
 SELECT k.name, %(state)s, %(workspace_id)s, %(lane_key)s, %(idempotency_key)s, %(payload)s,
-       %(subject_account_id)s, %(max_attempts)s, %(expires_at)s
+       %(subject_account_id)s, %(max_attempts)s, %(expires_at)s,
+       greatest(%(not_before)s::timestamptz, now()), %(priority)s, %(limit_key)s
   FROM {schema}.agent_action_kind k
  WHERE k.name = %(kind)s
    AND (%(workspace_id)s::text IS NOT NULL OR k.instance_level)
@@ -40,16 +41,19 @@ WITH request AS (
       FROM unnest(%(kinds)s::text[], %(states)s::text[], %(workspace_ids)s::text[],
                   %(lane_keys)s::text[], %(idempotency_keys)s::text[], %(payloads)s::jsonb[],
                   %(subject_account_ids)s::text[], %(max_attempts)s::int[],
-                  %(expires_ats)s::timestamptz[])
+                  %(expires_ats)s::timestamptz[], %(not_befores)s::timestamptz[],
+                  %(priorities)s::smallint[], %(limit_keys)s::text[])
            WITH ORDINALITY AS r(kind, state, workspace_id, lane_key, idempotency_key, payload,
-                                subject_account_id, max_attempts, expires_at, ord)
+                                subject_account_id, max_attempts, expires_at, not_before,
+                                priority, limit_key, ord)
       LEFT JOIN {schema}.agent_action_kind k ON k.name = r.kind
 )
 INSERT INTO {schema}.agent_action
     (kind, state, workspace_id, lane_key, idempotency_key, payload, subject_account_id,
-     max_attempts, expires_at)
+     max_attempts, expires_at, available_at, priority, limit_key)
 SELECT r.kind, r.state, r.workspace_id, r.lane_key, r.idempotency_key, r.payload,
-       r.subject_account_id, r.max_attempts, r.expires_at
+       r.subject_account_id, r.max_attempts, r.expires_at, greatest(r.not_before, now()),
+       r.priority, r.limit_key
   FROM request r
  WHERE r.accepted
    AND NOT EXISTS (
@@ -80,8 +84,8 @@ SELECT r.kind,
 SELECT *, false AS created FROM {schema}.agent_action WHERE id = %(id)s
 
 -- name: admit
--- A proposal becomes ADMITTED and due now.
-UPDATE {schema}.agent_action SET state = 'ADMITTED', available_at = now()
+-- A proposal becomes ADMITTED and due now, or at its not_before if that is later.
+UPDATE {schema}.agent_action SET state = 'ADMITTED', available_at = greatest(available_at, now())
  WHERE id = %(id)s AND state = 'PROPOSED'
 RETURNING *, false AS created
 
@@ -101,23 +105,86 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
        (SELECT coalesce(array_agg(p.kind), '{}') FROM {schema}.agent_action_kind_pause p)
            AS paused
 
+-- name: claim_limit_keys
+-- The limit keys (workspaces, unless the actions name others) that have waiting lane heads of a
+-- kind: up to `limit` of them, in key order from the first after `after`, wrapping around once.
+-- One index probe a key (a skip scan of ix_agent_action_lane_ready), however many heads a key
+-- has; a key whose heads are all scheduled for later or busy is still listed (claim_heads then
+-- finds nothing due in it).
+WITH RECURSIVE walk(k, first, n) AS (
+    SELECT s.k, s.k, 1
+      FROM (SELECT coalesce(
+                (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
+                  WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                    AND l.head_kind = %(kind)s AND l.head_limit_key > %(after)s
+                  ORDER BY l.head_limit_key LIMIT 1),
+                (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
+                  WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                    AND l.head_kind = %(kind)s
+                  ORDER BY l.head_limit_key LIMIT 1)) AS k) s
+     WHERE s.k IS NOT NULL
+    UNION ALL
+    SELECT x.k, w.first, w.n + 1
+      FROM walk w
+     CROSS JOIN LATERAL (
+           SELECT coalesce(
+               (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
+                 WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                   AND l.head_kind = %(kind)s AND l.head_limit_key > w.k
+                 ORDER BY l.head_limit_key LIMIT 1),
+               (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
+                 WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                   AND l.head_kind = %(kind)s
+                 ORDER BY l.head_limit_key LIMIT 1)) AS k) x
+     WHERE w.n < %(limit)s AND x.k <> w.first
+)
+SELECT k AS limit_key FROM walk ORDER BY n
+
 -- name: claim_heads
 -- Due, idle lane heads of one kind become EXECUTING under a lease: the epoch rises, the
 -- attempt does not (a worker's take counts it). With `take` (an in-process executor that runs
 -- what it claims) the claim is the take too, and returns the payload; without, the payload is
 -- not read. Lanes and heads another transaction holds are skipped; a lane row is reached
 -- through its own small index, never through the lane's backlog.
-WITH heads AS (
+-- Fair and by priority: of each limit key in `keys` (claim_limit_keys) at most `per_key` due
+-- heads by (priority, due time), fewer when the key's concurrency cap (`key_cap`, NULL for
+-- none) leaves less room beside its executing actions; then up to `limit` of them, each key's
+-- first before any key's second (round robin), and by priority and due time within a round.
+WITH keys AS (
+    SELECT u.k, u.ord,
+           CASE WHEN %(key_cap)s::int IS NULL THEN %(per_key)s::int
+                ELSE least(%(per_key)s::int, %(key_cap)s::int - (
+                    SELECT count(*) FROM {schema}.agent_action e
+                     WHERE e.state = 'EXECUTING' AND e.kind = %(kind)s
+                       AND coalesce(e.limit_key, e.workspace_id, '') = u.k)::int) END AS room
+      FROM unnest(%(keys)s::text[]) WITH ORDINALITY AS u(k, ord)
+), candidates AS (
+    SELECT c.lane_key, c.head_id, c.head_priority, c.head_due_at, keys.ord, c.rn
+      FROM keys
+     CROSS JOIN LATERAL (
+           SELECT l.lane_key, l.head_id, l.head_priority, l.head_due_at,
+                  row_number() OVER (ORDER BY l.head_priority DESC, l.head_due_at) AS rn
+             FROM {schema}.agent_action_lane l
+            WHERE l.executing_id IS NULL
+              AND l.head_due_at IS NOT NULL
+              AND l.head_due_at <= now()
+              AND (l.busy_until IS NULL OR l.busy_until <= now())  -- an erased write may still run
+              AND l.head_kind = %(kind)s
+              AND l.head_limit_key = keys.k
+            ORDER BY l.head_priority DESC, l.head_due_at
+            LIMIT %(per_key)s) c
+     WHERE c.rn <= keys.room
+     ORDER BY c.rn, c.head_priority DESC, c.head_due_at, keys.ord
+     LIMIT %(limit)s
+), heads AS (
     SELECT l.head_id
       FROM {schema}.agent_action_lane l
+      JOIN candidates c ON c.lane_key = l.lane_key
      WHERE l.executing_id IS NULL
-       AND l.head_due_at IS NOT NULL
+       AND l.head_id = c.head_id
        AND l.head_due_at <= now()
-       AND (l.busy_until IS NULL OR l.busy_until <= now())  -- an erased write may still run
-       AND l.head_kind = %(kind)s
-     ORDER BY l.head_due_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+       AND (l.busy_until IS NULL OR l.busy_until <= now())
+       FOR UPDATE OF l SKIP LOCKED
 ), ready AS (
     SELECT a.id
       FROM heads
@@ -141,7 +208,8 @@ RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
           CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
           a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
           a.write_started_at, a.earlier_write_at, a.readback_ref, a.stop_reason,
-          a.retry_reason, a.created_at, a.ended_at, a.lease_until - now() AS lease_left
+          a.retry_reason, a.created_at, a.ended_at, a.priority, a.limit_key,
+          a.lease_until - now() AS lease_left
 
 -- name: claim_reclaims
 -- Executing actions whose lease expired are claimed again at once, without waiting for their
@@ -171,7 +239,8 @@ RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
           CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
           a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
           a.write_started_at, a.earlier_write_at, a.readback_ref, a.stop_reason,
-          a.retry_reason, a.created_at, a.ended_at, a.lease_until - now() AS lease_left
+          a.retry_reason, a.created_at, a.ended_at, a.priority, a.limit_key,
+          a.lease_until - now() AS lease_left
 
 -- name: end_lost_leases
 -- Executing actions whose lease expired and that may not run again end: an at-most-once one
@@ -467,6 +536,69 @@ SELECT kind,
  WHERE state = 'EXECUTING'
  GROUP BY kind
 
+-- name: rate_buckets_ensure
+-- Rate limits: the buckets an action draws from exist (one row a kind, or a kind and a key).
+INSERT INTO {schema}.agent_action_rate (bucket)
+SELECT b FROM unnest(%(buckets)s::text[]) AS u(b) ORDER BY b
+ON CONFLICT (bucket) DO NOTHING
+
+-- name: rate_reserve
+-- Rate limits: the next slot free in every bucket an action draws from (`buckets`, each with
+-- its `spacings`, the limit's interval over its count), not before a provider's hold: when it
+-- is at most `max_wait` away, every bucket's next slot moves to it plus its spacing (reserved).
+-- `found` < the buckets given means a bucket row is missing (rate_buckets_ensure, then again).
+-- The bucket rows are locked in name order, so two reservations never wait on each other.
+WITH b AS (
+    SELECT r.bucket, r.next_at, r.held_until, m.spacing
+      FROM {schema}.agent_action_rate r
+      JOIN unnest(%(buckets)s::text[], %(spacings)s::interval[]) AS m(bucket, spacing)
+        ON m.bucket = r.bucket
+     ORDER BY r.bucket
+       FOR UPDATE OF r
+), slot AS (
+    -- The clock after the locks were granted, not the statement's start: a reservation that
+    -- queued behind others must not take a slot in the past, nor sleep from a stale time.
+    SELECT greatest(clock_timestamp(), max(b.next_at), max(b.held_until)) AS at,
+           count(*) AS found
+      FROM b
+), taken AS (
+    UPDATE {schema}.agent_action_rate r
+       SET next_at = slot.at + b.spacing, used_at = now()
+      FROM b, slot
+     WHERE r.bucket = b.bucket
+       AND slot.found = cardinality(%(buckets)s::text[])
+       AND slot.at <= clock_timestamp() + %(max_wait)s
+    RETURNING r.bucket
+)
+SELECT extract(epoch FROM slot.at - clock_timestamp())::float8 AS wait, slot.found,
+       (SELECT count(*) FROM taken) > 0 AS reserved,
+       extract(epoch FROM slot.at)::float8 AS at_epoch,
+       extract(epoch FROM clock_timestamp())::float8 AS db_now
+  FROM slot
+
+-- name: rate_hold
+-- Rate limits: a provider asked for a pause (429 / Retry-After, an adapter's Defer): no slot of
+-- these buckets is handed out before `after` from now, to any worker.
+UPDATE {schema}.agent_action_rate
+   SET held_until = greatest(held_until, now() + %(after)s)
+ WHERE bucket = ANY(%(buckets)s::text[])
+
+-- name: rate_buckets
+-- Rate limits (status, metrics, the console): every bucket with its next free slot and the
+-- provider's hold, as seconds from now (0 when free), most recently used first.
+SELECT bucket,
+       greatest(extract(epoch FROM next_at - now()), 0)::float8 AS next_in,
+       greatest(coalesce(extract(epoch FROM held_until - now()), 0), 0)::float8 AS held_for,
+       used_at
+  FROM {schema}.agent_action_rate
+ ORDER BY used_at DESC
+ LIMIT %(limit)s
+
+-- name: rate_prune
+-- Retention: buckets no reservation used for `idle` (a key's bucket: keys come and go).
+DELETE FROM {schema}.agent_action_rate
+ WHERE used_at < now() - %(idle)s AND (held_until IS NULL OR held_until < now())
+
 -- name: probe_state
 -- The claimer's probe `(id, epoch)`: `waiting` while it is still a claim no worker took (false
 -- once taken, ended, erased or claimed again), `expired` once its lease ran out.
@@ -576,6 +708,28 @@ SELECT h.kind, count(*) AS lanes
                 WHERE b.lane_key = l.lane_key AND b.state IN ('PROPOSED', 'ADMITTED')
                   AND b.id > h.id)
  GROUP BY h.kind
+
+-- name: waits_by_kind
+-- Limits view (status, metrics, the console): per kind, admitted actions not yet due (scheduled
+-- by not_before, backing off after a retry, or deferred), how many of those wait for a rate
+-- limit's slot, and when the next one is due. Reads ix_agent_action_due.
+SELECT kind,
+       count(*) AS waiting,
+       count(*) FILTER (WHERE retry_reason = 'RATE_LIMITED') AS rate_limited,
+       min(available_at) AS next_due_at
+  FROM {schema}.agent_action
+ WHERE state = 'ADMITTED' AND available_at > now()
+ GROUP BY kind
+
+-- name: executing_by_limit_key
+-- Limits view: the limit keys with the most executing actions, per kind (what the per-key
+-- concurrency caps count). Reads executing rows only.
+SELECT kind, coalesce(limit_key, workspace_id, '') AS limit_key, count(*) AS executing
+  FROM {schema}.agent_action
+ WHERE state = 'EXECUTING'
+ GROUP BY 1, 2
+ ORDER BY 3 DESC, 1, 2
+ LIMIT %(limit)s
 
 -- name: counts_by_kind_and_state
 -- Status: how many actions each kind has in each state (a full count; an operator's command).

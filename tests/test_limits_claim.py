@@ -1,0 +1,261 @@
+"""At claim time: scheduled sends (`not_before`), priority within a kind, fairness between limit
+keys (workspaces by default), and the concurrency caps per kind and per key. On PostgreSQL,
+through the real claim statements; claims are not taken, so what a claim chose stays visible."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from outbox import ActionKind, ActionRequest, admit, enqueue, enqueue_many
+from outbox._io import run_async
+from outbox.dispatch.claimer import bounded_claim_operation
+from outbox.dispatch.consumption import ConsumptionWatch
+from outbox.limits import KindLimits
+from outbox.results import Finish
+from outbox.state import ActionState
+from outbox.store import ClaimedAction
+from tests.support import expected_lanes, lanes
+
+NOTE = ActionKind("NOTE")
+LEASE = timedelta(minutes=5)
+
+
+def build(make_outbox, **overrides):
+    ob = make_outbox(**overrides)
+    ob.declare(NOTE)
+    ob.migrate()
+    return ob
+
+
+def req(lane: str, key: str, workspace: str = "w", **fields) -> ActionRequest:
+    return ActionRequest(NOTE, lane_key=lane, idempotency_key=key, workspace_id=workspace, **fields)
+
+
+async def claim(ob, limit: int, **kwargs) -> list[ClaimedAction]:
+    async with ob.store() as store:
+        return await store.claim({NOTE.name: limit}, LEASE, take=False, **kwargs)
+
+
+def claim_now(ob, limit: int, **kwargs) -> list[ClaimedAction]:
+    return asyncio.run(claim(ob, limit, **kwargs))
+
+
+def db_now(conn) -> datetime:
+    return conn.execute("SELECT now()").fetchone()[0]
+
+
+# -- not_before --------------------------------------------------------------------------------
+
+
+def test_a_scheduled_action_never_runs_early_and_holds_its_lane(make_outbox, conn, schema):
+    ob = build(make_outbox)
+    when = db_now(conn) + timedelta(seconds=2)
+    scheduled = enqueue(conn, req("L", "scheduled", not_before=when), schema=schema)
+    behind = enqueue(conn, req("L", "behind"), schema=schema)
+    other = enqueue(conn, req("M", "other"), schema=schema)
+    conn.commit()
+    assert scheduled.available_at == when
+    claimed = [c.action.id for c in claim_now(ob, 10)]
+    # The other lane runs; the scheduled head holds its lane: the action behind it waits too.
+    assert claimed == [other.id]
+    deadline = time.monotonic() + 30
+    while not (got := claim_now(ob, 10)):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert [c.action.id for c in got] == [scheduled.id]
+    # Claimed no earlier than its not_before, by the database clock.
+    claimed_at = got[0].action.lease_until - LEASE
+    assert claimed_at >= when
+    assert behind.id not in [c.action.id for c in claim_now(ob, 10)]  # its lane is busy
+    conn.rollback()
+    assert lanes(conn, schema) == expected_lanes(conn, schema)
+
+
+def test_a_past_not_before_is_due_now_and_an_admit_keeps_a_future_one(make_outbox, conn, schema):
+    ob = build(make_outbox)
+    now = db_now(conn)
+    past = enqueue(conn, req("P", "past", not_before=now - timedelta(days=1)), schema=schema)
+    proposal = enqueue(
+        conn,
+        req("Q", "proposal", not_before=now + timedelta(hours=1), proposal=True),
+        schema=schema,
+    )
+    conn.commit()
+    assert past.available_at >= now
+    admitted = admit(conn, proposal.id, schema=schema)
+    conn.commit()
+    assert admitted.available_at >= now + timedelta(hours=1)  # the admit does not make it due
+    assert [c.action.id for c in claim_now(ob, 10)] == [past.id]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        ({"not_before": datetime(2030, 1, 1)}, "not_before", "timezone-aware"),
+        ({"not_before": "tomorrow"}, "not_before", "timezone-aware"),
+        (
+            {
+                "not_before": datetime(2030, 1, 2, tzinfo=UTC),
+                "expires_at": datetime(2030, 1, 1, tzinfo=UTC),
+            },
+            "not_before",
+            "before expires_at",
+        ),
+        ({"priority": 10**9}, "priority", "-100 to 100"),
+        ({"priority": True}, "priority", "-100 to 100"),
+        ({"priority": 1.5}, "priority", "-100 to 100"),
+        ({"limit_key": ""}, "limit_key", "non-empty"),
+        ({"limit_key": "a\x00b"}, "limit_key", "NUL"),
+    ],
+)
+def test_hostile_scheduling_and_priority_values_are_refused(fields, field, message):
+    from outbox import InvalidActionRequest
+
+    with pytest.raises(InvalidActionRequest) as caught:
+        req("L", "k", **fields).validate()
+    assert caught.value.field == field
+    assert message in str(caught.value)
+
+
+@given(st.integers())
+def test_priority_is_accepted_exactly_from_minus_100_to_100(priority):
+    from outbox import InvalidActionRequest
+
+    request = req("L", "k", priority=priority)
+    if -100 <= priority <= 100:
+        request.validate()
+    else:
+        with pytest.raises(InvalidActionRequest):
+            request.validate()
+
+
+# -- priority ----------------------------------------------------------------------------------
+
+
+def test_a_transactional_action_is_claimed_first_behind_a_deep_bulk_backlog(
+    make_outbox, conn, schema
+):
+    ob = build(make_outbox)
+    bulk = [req(f"bulk-{i}", f"bulk-{i}") for i in range(5_000)]
+    enqueue_many(conn, bulk, schema=schema)
+    urgent = enqueue(conn, req("reset", "reset", priority=50), schema=schema)
+    conn.commit()
+    first = claim_now(ob, 5)
+    assert urgent.id in [c.action.id for c in first]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.integers(-100, 100), min_size=1, max_size=12))
+def test_claims_come_in_priority_order_then_due_order(make_outbox, database_url, schema, prios):
+    ob = build(make_outbox)
+    with psycopg.connect(database_url, autocommit=True) as c:
+        c.execute(f'TRUNCATE "{schema}".agent_action, "{schema}".agent_action_lane')
+        c.execute(f'TRUNCATE "{schema}".agent_action_lane_intake')
+        ids = [
+            enqueue(c, req(f"l{i}", f"k{i}", priority=p), schema=schema).id
+            for i, p in enumerate(prios)
+        ]
+    order = []
+    for _ in prios:
+        (got,) = claim_now(ob, 1)
+        order.append(got.action.id)
+    by_priority = sorted(ids, key=lambda i: (-prios[ids.index(i)], i))
+    assert order == by_priority
+
+
+# -- fairness ----------------------------------------------------------------------------------
+
+
+def test_one_workspaces_backlog_does_not_starve_anothers_single_action(make_outbox, conn, schema):
+    ob = build(make_outbox)
+    enqueue_many(conn, [req(f"a-{i}", f"a-{i}", "big") for i in range(5_000)], schema=schema)
+    single = enqueue(conn, req("b-0", "b-0", "small"), schema=schema)
+    conn.commit()
+    first = claim_now(ob, 10)
+    assert len(first) == 10
+    assert single.id in [c.action.id for c in first]
+
+
+def test_the_round_robin_reaches_every_workspace_even_with_more_than_a_claim_holds(
+    make_outbox, conn, schema
+):
+    ob = build(make_outbox)
+    requests = [req(f"{w}-{i}", f"{w}-{i}", f"ws{w:02d}") for w in range(30) for i in range(3)]
+    enqueue_many(conn, requests, schema=schema)
+    conn.commit()
+
+    async def rounds() -> list[list[ClaimedAction]]:
+        async with ob.store() as store:  # one store: its round robin carries on
+            return [await store.claim({NOTE.name: 5}, LEASE, take=False) for _ in range(6)]
+
+    claimed = asyncio.run(rounds())
+    seen = {c.action.workspace_id for batch in claimed for c in batch}
+    assert len(seen) == 30, sorted(seen)
+    # No workspace got a second action before every one had its first.
+    assert all(len({c.action.workspace_id for c in batch}) == 5 for batch in claimed)
+
+
+def test_a_limit_key_overrides_the_workspace_for_fairness(make_outbox, conn, schema):
+    ob = build(make_outbox)
+    requests = [req(f"x-{i}", f"x-{i}", "w", limit_key="domain:x.example") for i in range(500)]
+    enqueue_many(conn, requests, schema=schema)
+    other = enqueue(conn, req("y", "y", "w", limit_key="domain:y.example"), schema=schema)
+    conn.commit()
+    assert other.id in [c.action.id for c in claim_now(ob, 4)]
+
+
+# -- concurrency caps --------------------------------------------------------------------------
+
+
+def executing_by_key(conn, schema: str) -> dict[str, int]:
+    rows = conn.execute(
+        f'SELECT coalesce(limit_key, workspace_id) AS k, count(*) FROM "{schema}".agent_action'
+        " WHERE state = 'EXECUTING' GROUP BY 1"
+    ).fetchall()
+    return dict(rows)
+
+
+def test_a_per_key_cap_is_never_exceeded_across_claims(make_outbox, conn, schema):
+    ob = build(make_outbox)
+    requests = [req(f"{w}-{i}", f"{w}-{i}", w) for w in ("a", "b", "c") for i in range(10)]
+    enqueue_many(conn, requests, schema=schema)
+    conn.commit()
+    caps = {NOTE.name: 2}
+    first = claim_now(ob, 100, key_caps=caps)
+    assert len(first) == 6
+    assert executing_by_key(conn, schema) == {"a": 2, "b": 2, "c": 2}
+    assert claim_now(ob, 100, key_caps=caps) == []  # no room until one ends
+
+    async def finish_one() -> None:
+        async with ob.store() as store:
+            await store.finish(first[0].action.token, Finish(ActionState.DONE, "DONE"))
+
+    asyncio.run(finish_one())
+    again = claim_now(ob, 100, key_caps=caps)
+    assert [c.action.workspace_id for c in again] == [first[0].action.workspace_id]
+    conn.rollback()
+    assert max(executing_by_key(conn, schema).values()) == 2
+
+
+def test_a_kind_cap_lowers_the_claimers_in_flight_bound(make_outbox, conn, schema):
+    ob = build(make_outbox)
+    enqueue_many(conn, [req(f"l{i}", f"k{i}") for i in range(20)], schema=schema)
+    conn.commit()
+    limits = {NOTE.name: KindLimits(concurrency=3)}
+
+    async def one_round():
+        async with ob.store() as store, store.connection() as c, c.transaction():
+            op = bounded_claim_operation(
+                schema, [NOTE.name], 64, 100, LEASE, ConsumptionWatch(), limits, {}
+            )
+            return await run_async(c, op)
+
+    assert len(asyncio.run(one_round()).claimed) == 3
+    assert len(asyncio.run(one_round()).claimed) == 0  # three in flight already
