@@ -1,0 +1,223 @@
+"""The Celery fabric: one Celery task per kind, joined to a Celery app by ``install``.
+
+Each task takes the same message as the Dramatiq actor, ``(action_id, epoch)`` pairs flattened
+(``FenceToken.to_args``), and hands it to ``deliver`` and the process's ``WorkerRuntime``:
+the take once per epoch, the executor and the group commit are the Dramatiq path's own code.
+
+How Celery's delivery semantics meet the outbox's epochs (the task options ``install`` sets):
+
+- ``acks_late`` and ``reject_on_worker_lost``: a message is acknowledged after its task ran,
+  and a worker process that died (SIGKILL, OOM, a hard time limit) hands its message back to
+  the queue. Its redelivery is harmless: if the first delivery took the epoch, the take refuses
+  the second (dropped, logged as abandoned); if it died before the take, the redelivery runs
+  it. An action is reclaimed under a new epoch only when its lease runs out, never because of
+  a redelivery.
+- Redis's visibility timeout (a message unacknowledged that long is delivered again) and a
+  RabbitMQ consumer's lost channel are redeliveries of the same kind: duplicates, dropped.
+- No Celery retries (``max_retries=0``; the outbox owns retries), no result (``ignore_result``;
+  no result backend is needed), JSON (``serializer``), each kind on its own queue
+  (``ActionKind.queue_name``, given to every publish).
+- ``soft_time_limit`` = the lease: ``SoftTimeLimitExceeded`` cancels an attempt that outstayed
+  its lease (the executor ends it at the lease anyway); ``time_limit`` a little later ends the
+  process of one that did not cancel.
+
+The worker process's event loop and pool start on a process's first message (``WorkerRuntime``
+checks the pid), so a prefork parent never opens one its children would inherit; they close
+when the process (``worker_process_shutdown``) or the worker (``worker_shutdown``) stops.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery, Task, signals
+from celery.utils.imports import symbol_by_name
+
+from outbox.dispatch.broker import (
+    DEFAULT_BROKER_URL,
+    REDIS_CONNECT_TIMEOUT,
+    REDIS_SOCKET_TIMEOUT,
+)
+from outbox.dispatch.fabric import batches, deliver
+from outbox.dispatch.runtime import WorkerRuntime
+from outbox.errors import ConfigurationError
+from outbox.fence_token import FenceToken
+
+if TYPE_CHECKING:
+    from outbox.config import Settings
+    from outbox.outbox import Outbox
+
+#: Celery task names: one per kind, e.g. ``outbox_email`` (as the Dramatiq actors').
+TASK_PREFIX = "outbox_"
+#: How long after the soft time limit (the lease) Celery ends a task's process.
+HARD_LIMIT_GRACE = 30
+
+__all__ = ["TASK_PREFIX", "CeleryDispatch", "app_from_settings", "install", "installed"]
+
+
+@dataclass
+class CeleryDispatch:
+    """What ``install`` joined to a Celery app: its tasks (by kind name) and the worker runtime.
+    The Celery ``Fabric`` (``outbox.dispatch.fabric``)."""
+
+    outbox: Outbox
+    app: Celery
+    runtime: WorkerRuntime
+    tasks: dict[str, Task] = field(default_factory=dict)
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted(self.tasks)
+
+    @property
+    def queues(self) -> list[str]:
+        return sorted(self.outbox.kinds[kind].queue_name for kind in self.tasks)
+
+    def push_batch(self, kind: str, tokens: Sequence[FenceToken], producer: Any = None) -> None:
+        """One message of ``tokens`` on the kind's queue. Celery's own publish retries are off
+        (``retry=False``): a broker that does not answer fails the push at once, and the claimer
+        gives its claims back."""
+        self.tasks[kind].apply_async(
+            args=FenceToken.to_args(tokens),
+            queue=self.outbox.kinds[kind].queue_name,
+            retry=False,
+            producer=producer,
+        )
+
+    def push(self, kind: str, token: FenceToken) -> None:
+        """Puts one ``(action_id, epoch)`` message on the kind's queue."""
+        self.push_batch(kind, [token])
+
+    def push_many(self, items: Iterable[tuple[str, FenceToken]]) -> int:
+        """Pushes ``(kind, token)`` items, at most ``actions_per_message`` a message, over one
+        producer (one broker connection for the round). Returns how many messages went."""
+        messages = batches(items, self.outbox.settings.actions_per_message)
+        with self.app.producer_or_acquire() as producer:
+            for kind, tokens in messages:
+                self.push_batch(kind, tokens, producer)
+        return len(messages)
+
+    def check_broker(self) -> None:
+        """Raises unless the broker answers: a fresh connection (one attempt, no retries) and,
+        on Redis, a PING (kombu connects to Redis lazily)."""
+        with self.app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=0)
+            if conn.transport.driver_type == "redis":
+                conn.default_channel.client.ping()
+
+
+def app_from_settings(settings: Settings) -> Celery:
+    """The Celery app of ``OUTBOX_CELERY_APP`` (``module:attribute``, the shop's own), else one
+    built for the outbox on ``OUTBOX_BROKER_URL`` (else local Redis)."""
+    if settings.celery_app:
+        try:
+            app = symbol_by_name(settings.celery_app)
+        except (ImportError, AttributeError, ValueError) as error:
+            raise ConfigurationError(
+                f"OUTBOX_CELERY_APP: cannot import {settings.celery_app!r} ({error})"
+            ) from None
+        if not isinstance(app, Celery):
+            raise ConfigurationError(
+                f"OUTBOX_CELERY_APP: {settings.celery_app!r} is a {type(app).__name__}, "
+                "not a celery.Celery"
+            )
+        return app
+    return outbox_app(settings.broker_url or DEFAULT_BROKER_URL)
+
+
+def outbox_app(broker_url: str) -> Celery:
+    """A Celery app for the outbox alone, with the settings a shop's app should have too
+    (docs/celery.md): one message prefetched per process (the claimer's in-flight bound is the
+    backlog; a prefetched message waits in a busy process), no result backend, JSON only,
+    publisher confirms on RabbitMQ, bounded Redis sockets."""
+    app = Celery("outbox", broker=broker_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        result_backend=None,
+        worker_prefetch_multiplier=1,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "confirm_publish": True,
+            "socket_connect_timeout": REDIS_CONNECT_TIMEOUT,
+            "socket_timeout": REDIS_SOCKET_TIMEOUT,
+        },
+    )
+    return app
+
+
+_installed: weakref.WeakKeyDictionary[Outbox, CeleryDispatch] = weakref.WeakKeyDictionary()
+
+
+def installed(outbox: Outbox) -> CeleryDispatch | None:
+    """The ``CeleryDispatch`` that ``install`` made for ``outbox`` in this process, if any."""
+    return _installed.get(outbox)
+
+
+def task_options(outbox: Outbox) -> dict[str, Any]:
+    """The options of every outbox task (the module's docstring says why each)."""
+    lease = int(outbox.settings.lease.total_seconds())
+    return {
+        "acks_late": True,
+        "reject_on_worker_lost": True,
+        "acks_on_failure_or_timeout": True,
+        "ignore_result": True,
+        "serializer": "json",
+        "max_retries": 0,
+        "soft_time_limit": lease,
+        "time_limit": lease + HARD_LIMIT_GRACE,
+        "typing": False,
+    }
+
+
+def _task_fn(runtime: WorkerRuntime, kind: str) -> Callable[..., None]:
+    def run_action(*args: Any) -> None:
+        # A malformed message returns (is dropped by name): Celery never retries it.
+        deliver(runtime, kind, args)
+
+    run_action.__name__ = f"{TASK_PREFIX}{kind.lower()}"
+    run_action.__qualname__ = run_action.__name__
+    return run_action
+
+
+def install(
+    outbox: Outbox, app: Celery | None = None, *, kinds: Iterable[str] | None = None
+) -> CeleryDispatch:
+    """Registers one task per kind with an adapter (or per name in ``kinds``) on ``app``:
+
+        from outbox.celery import install
+        install(outbox, app)    # in the module ``celery -A`` loads
+
+    ``app`` defaults to ``app_from_settings`` (``OUTBOX_CELERY_APP``, else an app on
+    ``OUTBOX_BROKER_URL``). Calling it again for the same outbox returns the first
+    ``CeleryDispatch``. ``celery -A myapp worker -Q outbox.email`` then runs the kind's adapter.
+    """
+    known = _installed.get(outbox)
+    if known is not None:
+        if app is not None and app is not known.app:
+            raise ValueError("this outbox is already installed on another Celery app")
+        return known
+    app = app or app_from_settings(outbox.settings)
+    runtime = WorkerRuntime(outbox)
+    dispatch = CeleryDispatch(outbox, app, runtime)
+    options = task_options(outbox)
+    for name in sorted(kinds if kinds is not None else outbox.adapters):
+        kind = outbox.kinds[name]
+        dispatch.tasks[name] = app.task(
+            name=f"{TASK_PREFIX}{name.lower()}", queue=kind.queue_name, **options
+        )(_task_fn(runtime, name))
+
+    def stop_runtime(**_: Any) -> None:
+        runtime.stop()  # a no-op in a process where it never started
+
+    # Celery's signals are process-wide: the handler is kept (weak=False) for the app's life.
+    signals.worker_process_shutdown.connect(stop_runtime, weak=False)
+    signals.worker_shutdown.connect(stop_runtime, weak=False)
+    _installed[outbox] = dispatch
+    return dispatch
