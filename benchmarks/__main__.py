@@ -21,14 +21,18 @@ SCENARIOS: dict[str, str] = {
     "inprocess": "benchmarks.inprocess",
     "dramatiq-raw": "benchmarks.dramatiq_raw",
     "e2e": "benchmarks.e2e",
+    "celery-raw": "benchmarks.celery_raw",
+    "e2e-celery": "benchmarks.e2e:run_celery",
     "latency": "benchmarks.latency",
     "hot-lane": "benchmarks.hot_lane",
 }
 
 
 def runner(name: str) -> Callable[[Scale], list[Result]]:
-    module = __import__(SCENARIOS[name], fromlist=["run"])
-    return module.run
+    """``module`` (its ``run``) or ``module:function``."""
+    module_name, _, function = SCENARIOS[name].partition(":")
+    module = __import__(module_name, fromlist=["run"])
+    return getattr(module, function or "run")
 
 
 def main(argv: list[str] | None = None) -> int:

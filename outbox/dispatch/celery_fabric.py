@@ -203,15 +203,19 @@ def install(
         if app is not None and app is not known.app:
             raise ValueError("this outbox is already installed on another Celery app")
         return known
-    app = app or app_from_settings(outbox.settings)
+    if app is None:
+        app = app_from_settings(outbox.settings)
+        # Importing the shop's app may have installed this outbox on it (its one line).
+        known = _installed.get(outbox)
+        if known is not None and known.app is app:
+            return known
     runtime = WorkerRuntime(outbox)
     dispatch = CeleryDispatch(outbox, app, runtime)
     options = task_options(outbox)
     for name in sorted(kinds if kinds is not None else outbox.adapters):
-        kind = outbox.kinds[name]
-        dispatch.tasks[name] = app.task(
-            name=f"{TASK_PREFIX}{name.lower()}", queue=kind.queue_name, **options
-        )(_task_fn(runtime, name))
+        dispatch.tasks[name] = app.task(name=f"{TASK_PREFIX}{name.lower()}", **options)(
+            _task_fn(runtime, name)
+        )
 
     def stop_runtime(**_: Any) -> None:
         runtime.stop()  # a no-op in a process where it never started
