@@ -41,7 +41,7 @@ from outbox.dispatch.broker import (
     REDIS_CONNECT_TIMEOUT,
     REDIS_SOCKET_TIMEOUT,
 )
-from outbox.dispatch.fabric import batches, deliver
+from outbox.dispatch.fabric import Batch, batches, deliver
 from outbox.dispatch.runtime import WorkerRuntime
 from outbox.errors import ConfigurationError
 from outbox.fence_token import FenceToken
@@ -76,29 +76,35 @@ class CeleryDispatch:
     def queues(self) -> list[str]:
         return sorted(self.outbox.kinds[kind].queue_name for kind in self.tasks)
 
-    def push_batch(self, kind: str, tokens: Sequence[FenceToken], producer: Any = None) -> None:
-        """One message of ``tokens`` on the kind's queue. Celery's own publish retries are off
-        (``retry=False``): a broker that does not answer fails the push at once, and the claimer
-        gives its claims back."""
-        self.tasks[kind].apply_async(
-            args=FenceToken.to_args(tokens),
-            queue=self.outbox.kinds[kind].queue_name,
-            retry=False,
-            producer=producer,
-        )
+    def push_batch(self, kind: str, tokens: Sequence[FenceToken]) -> None:
+        """Puts one message of ``tokens`` on the kind's queue."""
+        self._publish([(kind, list(tokens))])
 
     def push(self, kind: str, token: FenceToken) -> None:
         """Puts one ``(action_id, epoch)`` message on the kind's queue."""
-        self.push_batch(kind, [token])
+        self._publish([(kind, [token])])
 
     def push_many(self, items: Iterable[tuple[str, FenceToken]]) -> int:
         """Pushes ``(kind, token)`` items, at most ``actions_per_message`` a message, over one
         producer (one broker connection for the round). Returns how many messages went."""
         messages = batches(items, self.outbox.settings.actions_per_message)
-        with self.app.producer_or_acquire() as producer:
-            for kind, tokens in messages:
-                self.push_batch(kind, tokens, producer)
+        self._publish(messages)
         return len(messages)
+
+    def _publish(self, messages: Sequence[Batch]) -> None:
+        """Publishes over one pooled producer. Fails at once when the broker does not answer:
+        the connection is tried once, with no retry (kombu would retry a connect up to
+        ``broker_connection_max_retries`` times, seconds apart) and Celery's own publish retries are off
+        (``retry=False``), so the claimer gives the claims back instead of waiting."""
+        with self.app.producer_or_acquire() as producer:
+            producer.connection.ensure_connection(max_retries=0)
+            for kind, tokens in messages:
+                self.tasks[kind].apply_async(
+                    args=FenceToken.to_args(tokens),
+                    queue=self.outbox.kinds[kind].queue_name,
+                    retry=False,
+                    producer=producer,
+                )
 
     def check_broker(self) -> None:
         """Raises unless the broker answers: a fresh connection (one attempt, no retries) and,
