@@ -93,9 +93,9 @@ class CeleryDispatch:
 
     def _publish(self, messages: Sequence[Batch]) -> None:
         """Publishes over one pooled producer. Fails at once when the broker does not answer:
-        the connection is tried once, with no retry (kombu would retry a connect up to
-        ``broker_connection_max_retries`` times, seconds apart) and Celery's own publish retries are off
-        (``retry=False``), so the claimer gives the claims back instead of waiting."""
+        the connection is tried once (kombu would retry a connect up to
+        ``broker_connection_max_retries`` times, seconds apart) and Celery's own publish
+        retries are off (``retry=False``), so the claimer gives the claims back at once."""
         with self.app.producer_or_acquire() as producer:
             producer.connection.ensure_connection(max_retries=0)
             for kind, tokens in messages:
