@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 #: Celery task names: one per kind, e.g. ``outbox_email`` (as the Dramatiq actors').
 TASK_PREFIX = "outbox_"
+#: Messages a worker slot prefetches (Celery's default; ``outbox_app`` says why).
+PREFETCH_MULTIPLIER = 4
 #: How long after the soft time limit (the lease) Celery ends a task's process.
 HARD_LIMIT_GRACE = 30
 
@@ -136,16 +138,17 @@ def app_from_settings(settings: Settings) -> Celery:
 
 def outbox_app(broker_url: str) -> Celery:
     """A Celery app for the outbox alone, with the settings a shop's app should have too
-    (docs/celery.md): one message prefetched per process (the claimer's in-flight bound is the
-    backlog; a prefetched message waits in a busy process), no result backend, JSON only,
-    publisher confirms on RabbitMQ, bounded Redis sockets."""
+    (docs/celery.md): no result backend, JSON only, late acks, publisher confirms on RabbitMQ,
+    bounded Redis sockets, and Celery's default prefetch of 4 messages a slot (what shops run):
+    the in-flight bound already keeps the backlog in PostgreSQL, so few messages wait in a
+    worker, and a slot that frees finds its next message there."""
     app = Celery("outbox", broker=broker_url, set_as_current=False)
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
         task_ignore_result=True,
         result_backend=None,
-        worker_prefetch_multiplier=1,
+        worker_prefetch_multiplier=PREFETCH_MULTIPLIER,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         broker_connection_retry_on_startup=True,
