@@ -151,6 +151,9 @@ def test_two_claimers_two_celery_workers_2000_actions_over_lanes_each_once_in_la
     any_rig: CeleryRig,
 ) -> None:
     rig = any_rig
+    # A lease long enough that a loaded machine's slow statement never ends an attempt: this
+    # test is about each action once, in lane order, without overlap.
+    rig.settings.update(OUTBOX_LEASE_SECONDS="20", OUTBOX_WRITE_MARGIN_SECONDS="5")
     rig.celery_worker(pool="threads", concurrency=8)
     rig.celery_worker(pool="prefork", concurrency=2)
     rig.claimer()
@@ -346,3 +349,28 @@ def test_existing_celery_shop_adds_the_outbox_in_one_line_and_one_worker_runs_bo
     assert {r["state"] for r in rows} == {"DONE"}
     rig.wait_rows("dispatch_shop", 1)
     assert "outbox worker runtime started" in shop.output()
+
+
+def test_outbox_worker_with_fabric_celery_runs_celery_worker_with_json_logs(
+    rig: CeleryRig,
+) -> None:
+    import json
+    import sys
+
+    env = {**rig.env(), "OUTBOX_LOG_FORMAT": "json"}
+    argv = [sys.executable, "-m", "outbox", "worker", APP, "--fabric", "celery", "--threads", "2"]
+    worker = OutboxProcess(argv, env, cwd=REPO)
+    rig.processes.append(worker)
+    worker.wait_for(" ready.", timeout=60)
+    rig.claimer()
+    ids = rig.enqueue(rig.rb, lanes=4, per_lane=2) + rig.enqueue(rig.amo, lanes=2, per_lane=1)
+    rows = rig.wait_ended(ids, timeout=30)
+    assert {r["state"] for r in rows} == {"DONE"}
+    assert worker.stop() == 0, worker.output()
+    # Every kind's queue, a thread pool; the outbox's own lines are JSON like Celery's.
+    started = [
+        json.loads(line)
+        for line in worker.output().splitlines()
+        if line.startswith("{") and "outbox worker runtime started" in line
+    ]
+    assert started, worker.output()[-3000:]

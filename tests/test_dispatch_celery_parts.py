@@ -98,7 +98,8 @@ def test_one_task_per_kind_acked_late_never_retried_json_without_results(
     assert task.ignore_result and task.serializer == "json" and task.max_retries == 0
     lease = int(outbox.settings.lease.total_seconds())
     assert task.soft_time_limit == lease and task.time_limit > lease
-    # The app the outbox builds acks late and needs no result backend.
+    # The app the outbox builds prefetches one message a slot and needs no result backend.
+    assert app.conf.worker_prefetch_multiplier == 1
     assert app.conf.result_backend is None and app.conf.task_ignore_result
     assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost
     # Installing again returns the same fabric; another app is refused.
@@ -112,7 +113,7 @@ def test_a_shops_app_gets_the_tasks_in_one_line_and_keeps_its_own_settings(
 ) -> None:
     outbox_, kind = _outbox(make_outbox, schema)
     shop = Celery("shop", broker=redis_url, set_as_current=False)
-    shop.conf.update(worker_prefetch_multiplier=1, task_default_queue="shop")
+    shop.conf.update(worker_prefetch_multiplier=4, task_default_queue="shop")
 
     @shop.task(name=f"shop_task_{schema}")
     def shop_task() -> None:
@@ -122,7 +123,7 @@ def test_a_shops_app_gets_the_tasks_in_one_line_and_keeps_its_own_settings(
     assert dispatch.app is shop and outbox.celery.installed(outbox_) is dispatch
     assert f"shop_task_{schema}" in shop.tasks and dispatch.tasks[kind].name in shop.tasks
     # The shop's configuration is its own: the outbox sets options on its tasks only.
-    assert shop.conf.worker_prefetch_multiplier == 1
+    assert shop.conf.worker_prefetch_multiplier == 4
     assert shop.conf.task_default_queue == "shop"
 
 

@@ -52,8 +52,8 @@ if TYPE_CHECKING:
 
 #: Celery task names: one per kind, e.g. ``outbox_email`` (as the Dramatiq actors').
 TASK_PREFIX = "outbox_"
-#: Messages a worker slot prefetches (Celery's default; ``outbox_app`` says why).
-PREFETCH_MULTIPLIER = 4
+#: Messages a worker slot prefetches (``outbox_app`` says why not Celery's default of 4).
+PREFETCH_MULTIPLIER = 1
 #: How long after the soft time limit (the lease) Celery ends a task's process.
 HARD_LIMIT_GRACE = 30
 
@@ -139,9 +139,10 @@ def app_from_settings(settings: Settings) -> Celery:
 def outbox_app(broker_url: str) -> Celery:
     """A Celery app for the outbox alone, with the settings a shop's app should have too
     (docs/celery.md): no result backend, JSON only, late acks, publisher confirms on RabbitMQ,
-    bounded Redis sockets, and Celery's default prefetch of 4 messages a slot (what shops run):
-    the in-flight bound already keeps the backlog in PostgreSQL, so few messages wait in a
-    worker, and a slot that frees finds its next message there."""
+    bounded Redis sockets, and one message prefetched a slot: a message held by a busy worker
+    waits there with its lease running while another worker may idle (a prefork worker of two
+    processes at Celery's default of 4 holds eight); the in-flight bound keeps the backlog in
+    PostgreSQL instead."""
     app = Celery("outbox", broker=broker_url, set_as_current=False)
     app.conf.update(
         task_serializer="json",
