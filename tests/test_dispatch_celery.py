@@ -390,3 +390,32 @@ def test_outbox_worker_with_fabric_celery_runs_celery_worker_with_json_logs(
         if line.startswith("{") and "outbox worker runtime started" in line
     ]
     assert started, worker.output()[-3000:]
+
+
+@pytest.mark.parametrize("pool_args", [["--threads", "2"], ["--processes", "2"]])
+def test_a_celery_worker_serves_the_attempts_of_every_process_on_the_metrics_port(
+    rig: CeleryRig, pool_args: list[str]
+) -> None:
+    import socket
+    import sys
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**rig.env(), "OUTBOX_METRICS_PORT": str(port)}
+    argv = [sys.executable, "-m", "outbox", "worker", APP, "--fabric", "celery", *pool_args]
+    worker = OutboxProcess(argv, env, cwd=REPO)
+    rig.processes.append(worker)
+    worker.wait_for("serving metrics on", timeout=60)
+    rig.claimer()
+    ids = rig.enqueue(rig.rb, lanes=6, per_lane=1)
+    rig.wait_ended(ids, timeout=30)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    done = [
+        line
+        for line in text.splitlines()
+        if line.startswith("outbox_action_attempts_total{") and f'kind="{rig.rb}"' in line
+    ]
+    assert done and sum(float(line.rsplit(" ", 1)[1]) for line in done) == 6, text[-3000:]

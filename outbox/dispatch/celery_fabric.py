@@ -23,7 +23,10 @@ How Celery's delivery semantics meet the outbox's epochs (the task options ``ins
 
 The worker process's event loop and pool start on a process's first message (``WorkerRuntime``
 checks the pid), so a prefork parent never opens one its children would inherit; they close
-when the process (``worker_process_shutdown``) or the worker (``worker_shutdown``) stops.
+when the process (``worker_process_shutdown``) or the worker (``worker_shutdown``) stops. With
+``OUTBOX_METRICS_PORT`` the worker's main process serves the outbox's metrics once it is ready
+(``worker_ready``), every prefork child's included when ``PROMETHEUS_MULTIPROC_DIR`` is set
+(``outbox worker --fabric celery`` sets it).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, Task, signals
 from celery.utils.imports import symbol_by_name
 
+from outbox import metrics
 from outbox.dispatch.broker import (
     DEFAULT_BROKER_URL,
     REDIS_CONNECT_TIMEOUT,
@@ -230,8 +234,19 @@ def install(
     def stop_runtime(**_: Any) -> None:
         runtime.stop()  # a no-op in a process where it never started
 
-    # Celery's signals are process-wide: the handler is kept (weak=False) for the app's life.
-    signals.worker_process_shutdown.connect(stop_runtime, weak=False)
+    def process_ended(**_: Any) -> None:
+        runtime.stop()
+        metrics.mark_process_dead()
+
+    def serve_metrics(**_: Any) -> None:
+        # In the worker's main process once it consumes (never in a claimer that installed the
+        # tasks): prefork children share ``PROMETHEUS_MULTIPROC_DIR`` when it is set.
+        if outbox.settings.metrics_port:
+            metrics.start_metrics_server(outbox.settings.metrics_port)
+
+    # Celery's signals are process-wide: the handlers are kept (weak=False) for the app's life.
+    signals.worker_process_shutdown.connect(process_ended, weak=False)
     signals.worker_shutdown.connect(stop_runtime, weak=False)
+    signals.worker_ready.connect(serve_metrics, weak=False)
     _installed[outbox] = dispatch
     return dispatch

@@ -127,6 +127,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         broker_from_url(app.settings.broker_url)
     if app.settings.fabric == "celery":
         dispatch = install_fabric(app)
+        if app.settings.metrics_port:
+            # Prefork children write their samples where the worker's main process reads them.
+            prepare_multiprocess_env(os.environ)
         argv = celery_worker_argv(args, dispatch.queues)
         sys.stdout.flush()
         sys.stderr.flush()
