@@ -268,6 +268,23 @@ CREATE TABLE outbox.agent_action (
     CONSTRAINT ck_agent_action_waiting_unfenced CHECK (((state <> ALL (ARRAY['PROPOSED'::text, 'ADMITTED'::text])) OR ((lease_until IS NULL) AND (write_started_at IS NULL))))
 );
 
+-- table agent_action_attempt
+
+CREATE TABLE outbox.agent_action_attempt (
+    action_id bigint NOT NULL,
+    epoch bigint NOT NULL,
+    attempt integer NOT NULL,
+    claimed_at timestamp with time zone NOT NULL,
+    taken_at timestamp with time zone NOT NULL,
+    fence_passed_at timestamp with time zone,
+    ended_at timestamp with time zone,
+    result text,
+    reason text,
+    provider_ref text,
+    error_class text
+)
+WITH (fillfactor='50');
+
 -- sequence agent_action_id_seq
 
 ALTER TABLE outbox.agent_action ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
@@ -287,6 +304,15 @@ CREATE TABLE outbox.agent_action_kind (
     instance_level boolean NOT NULL,
     declared_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT agent_action_kind_name_check CHECK ((name ~ '^[A-Z][A-Z0-9_]{0,62}$'::text))
+);
+
+-- table agent_action_kind_pause
+
+CREATE TABLE outbox.agent_action_kind_pause (
+    kind text NOT NULL,
+    paused_by text NOT NULL,
+    paused_at timestamp with time zone DEFAULT now() NOT NULL,
+    note text
 );
 
 -- table agent_action_lane
@@ -319,12 +345,81 @@ ALTER TABLE outbox.agent_action_lane_intake ALTER COLUMN seq ADD GENERATED ALWAY
     CACHE 1
 );
 
+-- table agent_action_link
+
+CREATE TABLE outbox.agent_action_link (
+    from_id bigint NOT NULL,
+    to_id bigint NOT NULL,
+    relation text NOT NULL,
+    created_by text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT agent_action_link_relation_check CHECK ((relation = ANY (ARRAY['RESEND'::text, 'RETRY'::text])))
+);
+
+-- table agent_action_parked_payload
+
+CREATE TABLE outbox.agent_action_parked_payload (
+    action_id bigint NOT NULL,
+    payload jsonb NOT NULL,
+    parked_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+-- table agent_action_resolution
+
+CREATE TABLE outbox.agent_action_resolution (
+    action_id bigint NOT NULL,
+    outcome text NOT NULL,
+    note text,
+    resolved_by text NOT NULL,
+    resolved_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT agent_action_resolution_outcome_check CHECK ((outcome = ANY (ARRAY['DELIVERED'::text, 'NOT_DELIVERED'::text])))
+);
+
 -- table outbox_migration
 
 CREATE TABLE outbox.outbox_migration (
     version integer NOT NULL,
     name text NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+-- table outbox_operator_audit
+
+CREATE TABLE outbox.outbox_operator_audit (
+    id bigint NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text NOT NULL,
+    verb text NOT NULL,
+    action_id bigint,
+    kind text,
+    outcome text NOT NULL,
+    detail jsonb
+);
+
+-- sequence outbox_operator_audit_id_seq
+
+ALTER TABLE outbox.outbox_operator_audit ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME outbox.outbox_operator_audit_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+-- table outbox_process
+
+CREATE TABLE outbox.outbox_process (
+    process_id text NOT NULL,
+    role text NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    kinds text[] DEFAULT '{}'::text[] NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    last_seen timestamp with time zone DEFAULT now() NOT NULL,
+    in_flight integer DEFAULT 0 NOT NULL,
+    CONSTRAINT outbox_process_in_flight_check CHECK ((in_flight >= 0)),
+    CONSTRAINT outbox_process_role_check CHECK ((role = ANY (ARRAY['claimer'::text, 'worker'::text])))
 );
 
 -- table webhook_subscription
@@ -357,6 +452,16 @@ ALTER TABLE outbox.webhook_subscription ALTER COLUMN id ADD GENERATED ALWAYS AS 
     CACHE 1
 );
 
+-- constraint agent_action_attempt agent_action_attempt_pkey
+
+ALTER TABLE ONLY outbox.agent_action_attempt
+    ADD CONSTRAINT agent_action_attempt_pkey PRIMARY KEY (action_id, epoch);
+
+-- constraint agent_action_kind_pause agent_action_kind_pause_pkey
+
+ALTER TABLE ONLY outbox.agent_action_kind_pause
+    ADD CONSTRAINT agent_action_kind_pause_pkey PRIMARY KEY (kind);
+
 -- constraint agent_action_kind agent_action_kind_pkey
 
 ALTER TABLE ONLY outbox.agent_action_kind
@@ -372,15 +477,40 @@ ALTER TABLE ONLY outbox.agent_action_lane_intake
 ALTER TABLE ONLY outbox.agent_action_lane
     ADD CONSTRAINT agent_action_lane_pkey PRIMARY KEY (lane_key);
 
+-- constraint agent_action_link agent_action_link_pkey
+
+ALTER TABLE ONLY outbox.agent_action_link
+    ADD CONSTRAINT agent_action_link_pkey PRIMARY KEY (from_id, to_id);
+
+-- constraint agent_action_parked_payload agent_action_parked_payload_pkey
+
+ALTER TABLE ONLY outbox.agent_action_parked_payload
+    ADD CONSTRAINT agent_action_parked_payload_pkey PRIMARY KEY (action_id);
+
 -- constraint agent_action agent_action_pkey
 
 ALTER TABLE ONLY outbox.agent_action
     ADD CONSTRAINT agent_action_pkey PRIMARY KEY (id);
 
+-- constraint agent_action_resolution agent_action_resolution_pkey
+
+ALTER TABLE ONLY outbox.agent_action_resolution
+    ADD CONSTRAINT agent_action_resolution_pkey PRIMARY KEY (action_id);
+
 -- constraint outbox_migration outbox_migration_pkey
 
 ALTER TABLE ONLY outbox.outbox_migration
     ADD CONSTRAINT outbox_migration_pkey PRIMARY KEY (version);
+
+-- constraint outbox_operator_audit outbox_operator_audit_pkey
+
+ALTER TABLE ONLY outbox.outbox_operator_audit
+    ADD CONSTRAINT outbox_operator_audit_pkey PRIMARY KEY (id);
+
+-- constraint outbox_process outbox_process_pkey
+
+ALTER TABLE ONLY outbox.outbox_process
+    ADD CONSTRAINT outbox_process_pkey PRIMARY KEY (process_id);
 
 -- constraint agent_action ux_agent_action_idempotency_key
 
@@ -416,9 +546,29 @@ CREATE INDEX ix_agent_action_lane_waiting ON outbox.agent_action USING btree (la
 
 CREATE INDEX ix_agent_action_lease ON outbox.agent_action USING btree (lease_until) WHERE (state = 'EXECUTING'::text);
 
+-- index ix_agent_action_link_to
+
+CREATE INDEX ix_agent_action_link_to ON outbox.agent_action_link USING btree (to_id);
+
+-- index ix_agent_action_parked_payload_at
+
+CREATE INDEX ix_agent_action_parked_payload_at ON outbox.agent_action_parked_payload USING btree (parked_at);
+
 -- index ix_agent_action_subject
 
 CREATE INDEX ix_agent_action_subject ON outbox.agent_action USING btree (subject_account_id) WHERE (subject_account_id IS NOT NULL);
+
+-- index ix_outbox_operator_audit_action
+
+CREATE INDEX ix_outbox_operator_audit_action ON outbox.outbox_operator_audit USING btree (action_id) WHERE (action_id IS NOT NULL);
+
+-- index ix_outbox_operator_audit_at
+
+CREATE INDEX ix_outbox_operator_audit_at ON outbox.outbox_operator_audit USING btree (at);
+
+-- index ix_outbox_process_last_seen
+
+CREATE INDEX ix_outbox_process_last_seen ON outbox.outbox_process USING btree (last_seen);
 
 -- index ix_webhook_subscription_enabled
 
@@ -444,7 +594,37 @@ CREATE TRIGGER agent_action_lane_track_delete AFTER DELETE ON outbox.agent_actio
 
 CREATE TRIGGER guard_agent_action BEFORE UPDATE ON outbox.agent_action FOR EACH ROW WHEN (((old.state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) OR (new.state IS DISTINCT FROM old.state) OR (new.epoch IS DISTINCT FROM old.epoch) OR ((((((new.id IS DISTINCT FROM old.id) OR (new.kind IS DISTINCT FROM old.kind)) OR (new.lane_key IS DISTINCT FROM old.lane_key)) OR (new.idempotency_key IS DISTINCT FROM old.idempotency_key)) OR (new.workspace_id IS DISTINCT FROM old.workspace_id)) OR (new.created_at IS DISTINCT FROM old.created_at)))) EXECUTE FUNCTION outbox.guard_agent_action();
 
+-- fk constraint agent_action_attempt agent_action_attempt_action_id_fkey
+
+ALTER TABLE ONLY outbox.agent_action_attempt
+    ADD CONSTRAINT agent_action_attempt_action_id_fkey FOREIGN KEY (action_id) REFERENCES outbox.agent_action(id) ON DELETE CASCADE;
+
 -- fk constraint agent_action agent_action_kind_fkey
 
 ALTER TABLE ONLY outbox.agent_action
     ADD CONSTRAINT agent_action_kind_fkey FOREIGN KEY (kind) REFERENCES outbox.agent_action_kind(name);
+
+-- fk constraint agent_action_kind_pause agent_action_kind_pause_kind_fkey
+
+ALTER TABLE ONLY outbox.agent_action_kind_pause
+    ADD CONSTRAINT agent_action_kind_pause_kind_fkey FOREIGN KEY (kind) REFERENCES outbox.agent_action_kind(name) ON DELETE CASCADE;
+
+-- fk constraint agent_action_link agent_action_link_from_id_fkey
+
+ALTER TABLE ONLY outbox.agent_action_link
+    ADD CONSTRAINT agent_action_link_from_id_fkey FOREIGN KEY (from_id) REFERENCES outbox.agent_action(id) ON DELETE CASCADE;
+
+-- fk constraint agent_action_link agent_action_link_to_id_fkey
+
+ALTER TABLE ONLY outbox.agent_action_link
+    ADD CONSTRAINT agent_action_link_to_id_fkey FOREIGN KEY (to_id) REFERENCES outbox.agent_action(id) ON DELETE CASCADE;
+
+-- fk constraint agent_action_parked_payload agent_action_parked_payload_action_id_fkey
+
+ALTER TABLE ONLY outbox.agent_action_parked_payload
+    ADD CONSTRAINT agent_action_parked_payload_action_id_fkey FOREIGN KEY (action_id) REFERENCES outbox.agent_action(id) ON DELETE CASCADE;
+
+-- fk constraint agent_action_resolution agent_action_resolution_action_id_fkey
+
+ALTER TABLE ONLY outbox.agent_action_resolution
+    ADD CONSTRAINT agent_action_resolution_action_id_fkey FOREIGN KEY (action_id) REFERENCES outbox.agent_action(id) ON DELETE CASCADE;

@@ -29,6 +29,7 @@ from outbox.errors import (
     OutboxError,
     TransactionOpenError,
     UnknownKindError,
+    UnusableConnection,
 )
 from outbox.executor import ActionExecutor, Outcome
 from outbox.fence_token import FenceToken
@@ -88,6 +89,7 @@ __all__ = [
     "TransactionOpenError",
     "Uncertain",
     "UnknownKindError",
+    "UnusableConnection",
     "admit",
     "admit_async",
     "enqueue",

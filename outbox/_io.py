@@ -7,7 +7,7 @@ their rows (dicts); ``run_sync`` and ``run_async`` drive it on a psycopg ``Conne
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -34,8 +34,13 @@ def _returned_rows(cur: Any) -> bool:
     return result is not None and result.status == pq.ExecStatus.TUPLES_OK
 
 
-def run_sync(conn: Connection[Any], op: Operation[T]) -> T:
+def run_sync(
+    conn: Connection[Any], op: Operation[T], prepare: Callable[[Any], None] | None = None
+) -> T:
+    """Runs ``op`` on ``conn``; ``prepare``, if given, sets up the cursor first (its loaders)."""
     with conn.cursor(row_factory=dict_row) as cur:
+        if prepare is not None:
+            prepare(cur)
         try:
             statement = next(op)
             while True:
@@ -46,8 +51,12 @@ def run_sync(conn: Connection[Any], op: Operation[T]) -> T:
             return cast(T, done.value)
 
 
-async def run_async(conn: AsyncConnection[Any], op: Operation[T]) -> T:
+async def run_async(
+    conn: AsyncConnection[Any], op: Operation[T], prepare: Callable[[Any], None] | None = None
+) -> T:
     async with conn.cursor(row_factory=dict_row) as cur:
+        if prepare is not None:
+            prepare(cur)
         try:
             statement = next(op)
             while True:

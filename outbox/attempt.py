@@ -19,17 +19,24 @@ class Fence:
     def __init__(self, attempt: ActionAttempt) -> None:
         self._attempt = attempt
 
-    async def begin_write(self) -> bool:
+    async def begin_write(self, provider_ref: str | None = None) -> bool:
         """Marks the write as started, in its own short transaction.
 
         Returns False (and the adapter must not call the provider, and returns ``Abandoned()``)
         when the epoch moved, the action was erased, or less than the write margin of the lease
         is left.
+
+        ``provider_ref``: the provider's reference of this write when the adapter knows it
+        before the call (an email's Message-ID): the attempt's history keeps it, so an attempt
+        that ends UNCERTAIN can still be looked up at the provider. Never an address or a
+        payload. ``Done(ref=...)`` later replaces it.
         """
         attempt = self._attempt
         if attempt.fence_passed:
             return True
-        ok = await attempt._store.begin_write(attempt.action.token, attempt._margin)
+        ok = await attempt._store.begin_write(
+            attempt.action.token, attempt._margin, provider_ref, attempt.claimed_at
+        )
         if ok:
             attempt.fence_passed = True
             if attempt.on_fence_passed is not None:
@@ -40,8 +47,19 @@ class Fence:
 class ActionAttempt:
     """One attempt at one action. Read the action's fields; pass the fence before writing."""
 
-    def __init__(self, action: Action, store: Store, margin: timedelta, deadline: float) -> None:
+    def __init__(
+        self,
+        action: Action,
+        store: Store,
+        margin: timedelta,
+        deadline: float,
+        claimed_at: datetime | None = None,
+    ) -> None:
         self.action = action
+        #: When the claim started (its history row's claimed_at, for an in-process attempt).
+        self.claimed_at = claimed_at
+        #: The class name of the exception the adapter raised, if any (for the history).
+        self.error_class: str | None = None
         self._store = store
         self._margin = margin
         #: time.monotonic() at which this attempt's lease ends (measured conservatively).

@@ -19,12 +19,14 @@ from typing import Any
 import psycopg
 
 from outbox.cli_args import non_negative_float, non_negative_int, positive_int
+from outbox.cli_deletion import Consent, erase_command, prune_command
 from outbox.cli_errors import DEBUG_ENV, EXIT_INTERRUPTED, explain
 from outbox.demo.commands import setup_dashboard, setup_demo
 from outbox.dispatch.commands import setup_claimer, setup_worker
-from outbox.erasure import erase_subject
+from outbox.erasure import ErasureReport, erase_subject
 from outbox.loader import load_app
 from outbox.logs import configure_logging
+from outbox.operator.commands import setup_operator
 from outbox.outbox import Outbox
 from outbox.retention import DEFAULT_BATCH_SIZE as DEFAULT_PRUNE_BATCH
 from outbox.retention import prune
@@ -91,18 +93,45 @@ def _print_json(value: Any) -> None:
 
 def _cmd_prune(args: argparse.Namespace) -> int:
     app, conn = _connect(args)
+    configured = app.settings.retention
     retention = (
-        timedelta(days=args.retention_days)
-        if args.retention_days is not None
-        else app.settings.retention
+        timedelta(days=args.retention_days) if args.retention_days is not None else configured
     )
     with conn:
-        pruned = prune(conn, retention, schema=app.schema, batch_size=args.batch_size)
-    if args.json:
-        _print_json({"pruned": pruned, "retention_seconds": retention.total_seconds()})
-    else:
-        print(f"pruned {pruned} actions that ended more than {retention} ago")
-    return 0
+        return prune_command(
+            conn,
+            schema=app.schema,
+            retention=retention,
+            configured=configured,
+            threshold=_threshold(args, app),
+            dry_run=args.dry_run,
+            consent=Consent.from_args(args),
+            prune=lambda: prune(conn, retention, schema=app.schema, batch_size=args.batch_size),
+            as_json=args.json,
+            emit=_print_json,
+        )
+
+
+def _threshold(args: argparse.Namespace, app: Outbox) -> int:
+    given: int | None = args.confirm_threshold
+    return app.settings.confirm_threshold if given is None else given
+
+
+def _add_deletion_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="count what would be deleted, by kind and state, and delete nothing",
+    )
+    parser.add_argument(
+        "--yes", action="store_true", help="delete without asking, however many (scripts, cron)"
+    )
+    parser.add_argument(
+        "--confirm-threshold",
+        type=non_negative_int,
+        help="ask before deleting more actions than this (default: $OUTBOX_CONFIRM_THRESHOLD "
+        "or 1000)",
+    )
 
 
 def _setup_prune(sub: argparse._SubParsersAction) -> None:
@@ -112,36 +141,42 @@ def _setup_prune(sub: argparse._SubParsersAction) -> None:
         "--retention-days",
         type=non_negative_float,
         help="delete actions ended more than this many days ago (default: $OUTBOX_RETENTION_SECONDS"
-        " or 30 days)",
+        " or 30 days); shorter than the configured retention needs a confirmation",
     )
     p.add_argument(
         "--batch-size", type=positive_int, default=DEFAULT_PRUNE_BATCH, help="rows per batch"
     )
+    _add_deletion_options(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_prune)
 
 
 def _cmd_erase(args: argparse.Namespace) -> int:
     app, conn = _connect(args)
-    with conn, conn.transaction():
-        report = erase_subject(conn, args.account, schema=app.schema)
-    if args.json:
-        _print_json({"erased": report.erased, "by_state": report.by_state})
-    else:
-        states = ", ".join(f"{s}={n}" for s, n in report.by_state.items()) or "none"
-        print(f"erased {report.erased} actions ({states})")
-        if report.in_flight:
-            print(
-                f"{report.in_flight} were executing: a provider call past its fence may still "
-                "happen; its result will not be recorded"
-            )
-    return 0
+
+    def erase() -> ErasureReport:
+        with conn.transaction():
+            return erase_subject(conn, args.account, schema=app.schema)
+
+    with conn:
+        return erase_command(
+            conn,
+            schema=app.schema,
+            account=args.account,
+            threshold=_threshold(args, app),
+            dry_run=args.dry_run,
+            consent=Consent.from_args(args),
+            erase=erase,
+            as_json=args.json,
+            emit=_print_json,
+        )
 
 
 def _setup_erase(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("erase", help="delete every action whose subject is an account")
     _add_common(p)
     p.add_argument("--account", required=True, help="the subject account id")
+    _add_deletion_options(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_erase)
 
@@ -206,6 +241,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     setup_demo,
     setup_dashboard,
     setup_webhooks,
+    setup_operator,
 ]
 
 

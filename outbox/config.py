@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
@@ -63,6 +63,13 @@ class Settings:
     retry_cap: timedelta = timedelta(hours=1)
     #: Ended actions are deleted this long after they ended.
     retention: timedelta = timedelta(days=30)
+    #: The payload of an action that ended UNCERTAIN, FAILED or CANCELLED is kept this long for
+    #: an operator's resend or retry (then dropped by maintenance; also once decided).
+    parked_payload_retention: timedelta = timedelta(days=7)
+    #: Each claimer and worker process records that it is alive this often.
+    heartbeat_interval: timedelta = timedelta(seconds=5)
+    #: Maintenance deletes the heartbeat row of a process silent for this long.
+    process_stale_after: timedelta = timedelta(hours=1)
     #: The claimer polls this often when no NOTIFY wakes it.
     poll_interval: timedelta = timedelta(seconds=1)
     #: Housekeeping (lost leases, expiry, retention) runs this often in the claimer.
@@ -90,6 +97,16 @@ class Settings:
     #: Largest payload an enqueue accepts, in bytes of its compact UTF-8 JSON. A payload holds
     #: identifiers the adapter reads the rest by; a larger one is refused (InvalidActionRequest).
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    #: ``outbox prune`` and ``outbox erase`` ask before deleting more actions than this (on a
+    #: terminal; elsewhere they need ``--yes``). 0: ask before deleting any.
+    confirm_threshold: int = 1000
+    #: Who may log in to the console (``outbox dashboard``): comma-separated ``name:password``
+    #: pairs, a password in clear or as a werkzeug hash (``scrypt:...``). Without any, the
+    #: console listens on loopback only and asks for no login. Never shown in a repr or a log.
+    console_users: str | None = field(default=None, repr=False)
+    #: Key that signs the console's session cookies; random for each process when unset (a
+    #: restart then logs everyone out). Set it when several console processes share a host name.
+    console_secret_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -107,6 +124,7 @@ class Settings:
             "claim_idle_timeout",
             "claim_statement_timeout",
             "push_timeout",
+            "heartbeat_interval",
         ):
             if getattr(self, name) <= timedelta(0):
                 raise ConfigurationError(f"{name} must be more than 0 seconds")
@@ -119,6 +137,8 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{env_name(name)}: must be >= 1")
+        if self.confirm_threshold < 0:
+            raise ConfigurationError(f"{env_name('confirm_threshold')}: must be >= 0")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigurationError(f"{env_name('metrics_port')}: must be a port, 0 to 65535")
         if self.database_url is not None:

@@ -12,12 +12,12 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
-from outbox._io import Operation, Statement, psycopg_connection, run_async, run_sync
+from outbox._io import Operation, Statement
 from outbox.action import Action
 from outbox.config import max_payload_bytes_from_env
+from outbox.connectors import run_async_on, run_sync_on
 from outbox.errors import ActionNotFound, IllegalTransition, InvalidActionRequest, UnknownKindError
 from outbox.queries import queries_for
 from outbox.request import ActionRequest, as_text
@@ -220,25 +220,27 @@ def enqueue(
 
     A second enqueue with the same idempotency key returns the first action and changes nothing,
     also when two transactions race (the second waits for the first to commit or roll back).
-    ``conn`` is a psycopg ``Connection`` or a SQLAlchemy ``Session``/``Connection`` on psycopg.
+    ``conn`` is a psycopg or psycopg2 connection, a SQLAlchemy ``Session``/``Connection`` on
+    either, or Django's connection inside ``transaction.atomic()`` (``outbox.connectors``).
     Raises ``InvalidActionRequest`` (naming the field) and writes nothing on bad input; it is
     refused before any SQL runs, so the caller's transaction stays usable.
     ``max_payload_bytes``: the payload's JSON limit (default ``OUTBOX_MAX_PAYLOAD_BYTES``, 64 KiB).
     """
     op = enqueue_operation(schema or default_schema(), request, max_payload_bytes)
-    return run_sync(psycopg_connection(conn, "enqueue", "enqueue_async"), op)
+    return run_sync_on(conn, op, "enqueue", "enqueue_async")
 
 
 async def enqueue_async(
-    conn: AsyncConnection[Any],
+    conn: Any,
     request: ActionRequest,
     *,
     schema: str | None = None,
     max_payload_bytes: int | None = None,
 ) -> Action:
-    """The async twin of ``enqueue``."""
+    """The async twin of ``enqueue``: ``conn`` is a psycopg ``AsyncConnection``, an asyncpg
+    connection inside a transaction, or a SQLAlchemy ``AsyncSession``/``AsyncConnection``."""
     op = enqueue_operation(schema or default_schema(), request, max_payload_bytes)
-    return await run_async(conn, op)
+    return await run_async_on(conn, op, "enqueue_async", "enqueue")
 
 
 def enqueue_many(
@@ -259,11 +261,11 @@ def enqueue_many(
     for the whole batch.
     """
     op = enqueue_many_operation(schema or default_schema(), requests, max_payload_bytes)
-    return run_sync(psycopg_connection(conn, "enqueue_many", "enqueue_many_async"), op)
+    return run_sync_on(conn, op, "enqueue_many", "enqueue_many_async")
 
 
 async def enqueue_many_async(
-    conn: AsyncConnection[Any],
+    conn: Any,
     requests: Sequence[ActionRequest],
     *,
     schema: str | None = None,
@@ -271,21 +273,18 @@ async def enqueue_many_async(
 ) -> list[Action]:
     """The async twin of ``enqueue_many``."""
     op = enqueue_many_operation(schema or default_schema(), requests, max_payload_bytes)
-    return await run_async(conn, op)
+    return await run_async_on(conn, op, "enqueue_many_async", "enqueue_many")
 
 
 def admit(conn: Any, action_id: int, *, schema: str | None = None) -> Action:
     """A PROPOSED action becomes ADMITTED (due now)."""
-    return run_sync(
-        psycopg_connection(conn, "admit", "admit_async"),
-        admit_operation(schema or default_schema(), action_id),
-    )
+    op = admit_operation(schema or default_schema(), action_id)
+    return run_sync_on(conn, op, "admit", "admit_async")
 
 
-async def admit_async(
-    conn: AsyncConnection[Any], action_id: int, *, schema: str | None = None
-) -> Action:
-    return await run_async(conn, admit_operation(schema or default_schema(), action_id))
+async def admit_async(conn: Any, action_id: int, *, schema: str | None = None) -> Action:
+    op = admit_operation(schema or default_schema(), action_id)
+    return await run_async_on(conn, op, "admit_async", "admit")
 
 
 def refuse(
@@ -293,21 +292,20 @@ def refuse(
 ) -> Action:
     """A PROPOSED action ends CANCELLED with ``reason`` (``REFUSED`` by default)."""
     op = refuse_operation(schema or default_schema(), action_id, reason)
-    return run_sync(psycopg_connection(conn, "refuse", "refuse_async"), op)
+    return run_sync_on(conn, op, "refuse", "refuse_async")
 
 
 async def refuse_async(
-    conn: AsyncConnection[Any],
+    conn: Any,
     action_id: int,
     reason: str | None = None,
     *,
     schema: str | None = None,
 ) -> Action:
-    return await run_async(conn, refuse_operation(schema or default_schema(), action_id, reason))
+    op = refuse_operation(schema or default_schema(), action_id, reason)
+    return await run_async_on(conn, op, "refuse_async", "refuse")
 
 
 def get_action(conn: Any, action_id: int, *, schema: str | None = None) -> Action | None:
     """One action by id, or None when it does not exist (erased, pruned, never was)."""
-    return run_sync(
-        psycopg_connection(conn, "get_action"), get_operation(schema or default_schema(), action_id)
-    )
+    return run_sync_on(conn, get_operation(schema or default_schema(), action_id), "get_action")

@@ -13,9 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from psycopg import AsyncConnection
-
-from outbox._io import Operation, Statement, psycopg_connection, run_async, run_sync
+from outbox._io import Operation, Statement
+from outbox.connectors import run_async_on, run_sync_on
 from outbox.enqueuing import default_schema
 from outbox.errors import InvalidActionRequest
 from outbox.queries import queries_for
@@ -55,14 +54,14 @@ def erase_subject_operation(schema: str, account_id: str | int) -> Operation[Era
 
 def erase_subject(conn: Any, account_id: str | int, *, schema: str | None = None) -> ErasureReport:
     """Deletes every action whose ``subject_account_id`` is ``account_id``, in the caller's
-    transaction (commits nothing). ``conn`` is a psycopg ``Connection`` or a SQLAlchemy
-    ``Session``/``Connection`` on psycopg, as for ``enqueue``."""
+    transaction (commits nothing). ``conn`` is any connection ``enqueue`` takes."""
     op = erase_subject_operation(schema or default_schema(), account_id)
-    return run_sync(psycopg_connection(conn, "erase_subject", "erase_subject_async"), op)
+    return run_sync_on(conn, op, "erase_subject", "erase_subject_async")
 
 
 async def erase_subject_async(
-    conn: AsyncConnection[Any], account_id: str | int, *, schema: str | None = None
+    conn: Any, account_id: str | int, *, schema: str | None = None
 ) -> ErasureReport:
     """The async twin of ``erase_subject``."""
-    return await run_async(conn, erase_subject_operation(schema or default_schema(), account_id))
+    op = erase_subject_operation(schema or default_schema(), account_id)
+    return await run_async_on(conn, op, "erase_subject_async", "erase_subject")

@@ -63,3 +63,10 @@ class ConfigurationError(OutboxError):
 
 class TransactionOpenError(OutboxError):
     """An adapter was about to run while this executor held a database transaction open."""
+
+
+class UnusableConnection(OutboxError, TypeError):
+    """A call was given a connection it cannot run on: an object of a type it does not know, a
+    closed connection, an async one for a sync call (or the reverse), or one outside the
+    transaction the call must join (Django's connection outside ``transaction.atomic()``, an
+    asyncpg connection outside ``conn.transaction()``). Nothing was written."""

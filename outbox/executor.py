@@ -11,8 +11,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from outbox.action import Action
@@ -87,9 +87,11 @@ class ActionExecutor:
                 extra={"event": "no_adapter", "action_id": action.id, "kind": action.kind},
             )
             return await self._finish(action, Defer(NO_ADAPTER_DEFER, "NO_ADAPTER"))
-        attempt = ActionAttempt(action, self.store, self.settings.write_margin, deadline)
+        attempt = ActionAttempt(
+            action, self.store, self.settings.write_margin, deadline, self._claimed_at(action)
+        )
         result = await self._execute(adapter, attempt)
-        return await self._finish(action, result)
+        return await self._finish(action, result, attempt.error_class, attempt.fence_passed)
 
     async def _execute(self, adapter: ActionAdapter, attempt: ActionAttempt) -> Result:
         if held_connections.get():
@@ -133,14 +135,30 @@ class ActionExecutor:
     def _error_result(self, attempt: ActionAttempt, error: Exception) -> Result:
         """An adapter's exception: Uncertain after its fence, Retry before it."""
         self.observers.adapter_error(attempt, error)
+        attempt.error_class = type(error).__qualname__[:200]
         if attempt.fence_passed:
             return Uncertain(StopReason.ADAPTER_ERROR_AFTER_WRITE)
         return Retry(reason=f"ERROR:{type(error).__name__}")
 
-    async def _finish(self, action: Action, result: Result) -> Outcome:
+    def _claimed_at(self, action: Action) -> datetime | None:
+        """When this attempt's claim started its lease (an in-process claim is its own take; a
+        worker's take already started the history row, which keeps its own claim time)."""
+        return action.lease_until - self.store.lease if action.lease_until else None
+
+    async def _finish(
+        self,
+        action: Action,
+        result: Result,
+        error_class: str | None = None,
+        fenced: bool = False,
+    ) -> Outcome:
         """Writes the result's one finish under the action's token and reports it."""
         finish = finish_for(result, action, self.settings)
-        recorded = finish is not None and await self.store.finish(action.token, finish)
+        if finish is not None and error_class is not None:
+            finish = replace(finish, error_class=error_class)
+        recorded = finish is not None and await self.store.finish(
+            action.token, finish, self._claimed_at(action), fenced=fenced
+        )
         outcome = Outcome(
             action.id,
             action.kind,

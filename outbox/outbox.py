@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from outbox import enqueuing as _enqueue
@@ -89,7 +88,7 @@ class Outbox:
             conn, request, schema=self.schema, max_payload_bytes=self.settings.max_payload_bytes
         )
 
-    async def enqueue_async(self, conn: AsyncConnection[Any], request: ActionRequest) -> Action:
+    async def enqueue_async(self, conn: Any, request: ActionRequest) -> Action:
         return await _enqueue.enqueue_async(
             conn, request, schema=self.schema, max_payload_bytes=self.settings.max_payload_bytes
         )
@@ -100,7 +99,7 @@ class Outbox:
         )
 
     async def enqueue_many_async(
-        self, conn: AsyncConnection[Any], requests: Sequence[ActionRequest]
+        self, conn: Any, requests: Sequence[ActionRequest]
     ) -> list[Action]:
         return await _enqueue.enqueue_many_async(
             conn, requests, schema=self.schema, max_payload_bytes=self.settings.max_payload_bytes
@@ -111,6 +110,12 @@ class Outbox:
 
     def refuse(self, conn: Any, action_id: int, reason: str | None = None) -> Action:
         return _enqueue.refuse(conn, action_id, reason, schema=self.schema)
+
+    async def admit_async(self, conn: Any, action_id: int) -> Action:
+        return await _enqueue.admit_async(conn, action_id, schema=self.schema)
+
+    async def refuse_async(self, conn: Any, action_id: int, reason: str | None = None) -> Action:
+        return await _enqueue.refuse_async(conn, action_id, reason, schema=self.schema)
 
     def get(self, conn: Any, action_id: int) -> Action | None:
         return _enqueue.get_action(conn, action_id, schema=self.schema)

@@ -103,6 +103,9 @@ class Finish:
     retry_reason: str | None = None
     after: timedelta | None = None
     gives_back_attempt: bool = False
+    #: The class name of the adapter's exception that led to this result, if any (the
+    #: attempt's history keeps it; never the exception's text).
+    error_class: str | None = None
 
     def __post_init__(self) -> None:
         if self.state.is_ended:

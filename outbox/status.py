@@ -17,6 +17,10 @@ from outbox._io import Operation, Statement, psycopg_connection, run_sync
 from outbox.action import Action
 from outbox.backlog import backlog_operation
 from outbox.enqueuing import default_schema
+from outbox.operator.pausing import paused_kinds_operation
+from outbox.operator.processes import LIVE_INTERVALS, live_processes_operation
+from outbox.operator.reading import record_operation
+from outbox.operator.records import AttemptRecord
 from outbox.queries import queries_for
 from outbox.state import ActionState
 
@@ -33,12 +37,18 @@ class StatusReport:
     backlog: dict[str, dict[str, Any]] = field(default_factory=dict)
     latest_uncertain: list[dict[str, Any]] = field(default_factory=list)
     latest_failed: list[dict[str, Any]] = field(default_factory=list)
+    #: Kinds an operator paused (kind, paused_by, paused_at, note).
+    paused: list[dict[str, Any]] = field(default_factory=list)
+    #: Claimer and worker processes whose heartbeat is recent.
+    processes: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def status_operation(schema: str, latest: int = LATEST) -> Operation[StatusReport]:
+def status_operation(
+    schema: str, latest: int = LATEST, live_within: timedelta = timedelta(seconds=15)
+) -> Operation[StatusReport]:
     q = queries_for(schema)
     backlog = yield from backlog_operation(schema)
     counts: dict[str, dict[str, int]] = {kind: {} for kind in backlog.kinds}
@@ -55,6 +65,8 @@ def status_operation(schema: str, latest: int = LATEST) -> Operation[StatusRepor
         },
         latest_uncertain=ended[ActionState.UNCERTAIN.value],
         latest_failed=ended[ActionState.FAILED.value],
+        paused=[p.as_dict() for p in (yield from paused_kinds_operation(schema))],
+        processes=[p.as_dict() for p in (yield from live_processes_operation(schema, live_within))],
     )
 
 
@@ -93,6 +105,7 @@ def inspect_operation(schema: str, action_id: int) -> Operation[dict[str, Any] |
         if action.state is ActionState.EXECUTING and action.lease_until
         else None
     )
+    record = yield from record_operation(schema, action_id)
     return {
         "action": fields,
         "lane": {
@@ -104,13 +117,32 @@ def inspect_operation(schema: str, action_id: int) -> Operation[dict[str, Any] |
         "attempts": f"{action.attempt} of {action.max_attempts} (epoch {action.epoch})",
         "lease_left_seconds": lease_left,
         "history": _history(action),
+        # The attempts on record, each with its provider reference (an email's Message-ID).
+        "attempt_history": [a.as_dict() for a in record.attempts],
+        "provider_ref": _provider_ref(action, record.attempts),
+        "resolution": record.resolution.as_dict() if record.resolution else None,
+        "made_from": [link.as_dict() for link in record.earlier],
+        "followed_by": [link.as_dict() for link in record.later],
+        "payload_parked": record.payload_parked,
     }
+
+
+def _provider_ref(action: Action, attempts: list[AttemptRecord]) -> str | None:
+    """The provider's reference: the DONE one, else the latest an attempt recorded."""
+    if action.readback_ref:
+        return action.readback_ref
+    refs = [a.provider_ref for a in attempts if a.provider_ref]
+    return refs[-1] if refs else None
 
 
 def status(conn: Any, *, schema: str | None = None, latest: int = LATEST) -> StatusReport:
     """The status report, read on ``conn``."""
+    from outbox.config import Settings
+
+    live = Settings.from_env().heartbeat_interval * LIVE_INTERVALS
     return run_sync(
-        psycopg_connection(conn, "status"), status_operation(schema or default_schema(), latest)
+        psycopg_connection(conn, "status"),
+        status_operation(schema or default_schema(), latest, live),
     )
 
 
@@ -194,7 +226,30 @@ def render_status(report: StatusReport) -> str:
                 f"  #{item['id']} {item['kind']} {item['stop_reason']} "
                 f"(attempt {item['attempt']}/{item['max_attempts']}, ended {ended})"
                 + (f", last retry: {item['retry_reason']}" if item.get("retry_reason") else "")
+                + (f", ref {item['provider_ref']}" if item.get("provider_ref") else "")
+                + (
+                    f", resolved {item['resolution']} by {item['resolved_by']}"
+                    if item.get("resolution")
+                    else ""
+                )
             )
+    if report.paused:
+        lines.append("paused kinds (`outbox resume KIND`):")
+        for p in report.paused:
+            lines.append(
+                f"  {p['kind']} by {p['paused_by']} since "
+                f"{p['paused_at'].isoformat(timespec='seconds')}"
+                + (f": {p['note']}" if p.get("note") else "")
+            )
+    else:
+        lines.append("paused kinds: none")
+    lines.append("live processes:" if report.processes else "live processes: none")
+    for p in report.processes:
+        lines.append(
+            f"  {p['role']:<7} {p['host']} pid {p['pid']} in flight {p['in_flight']}, "
+            f"last seen {p['age']:.1f}s ago, up since "
+            f"{p['started_at'].isoformat(timespec='seconds')} ({', '.join(p['kinds']) or '-'})"
+        )
     return "\n".join(lines)
 
 
@@ -215,4 +270,30 @@ def render_inspect(found: dict[str, Any]) -> str:
     lines += [
         f"  {json_default(e['at'])}  {e['event']:<13} {e['detail']}" for e in found["history"]
     ]
+    lines.append(f"provider reference: {found.get('provider_ref') or '-'}")
+    attempts = found.get("attempt_history") or []
+    lines.append("attempts on record:" if attempts else "attempts on record: none")
+    for a in attempts:
+        result = a["result"] or ("LOST (lease ran out)" if a["lost"] else "running")
+        lines.append(
+            f"  #{a['attempt']} epoch {a['epoch']}: taken {json_default(a['taken_at'])}, "
+            f"fence {json_default(a['fence_passed_at']) if a['fence_passed_at'] else '-'}, "
+            f"ended {json_default(a['ended_at']) if a['ended_at'] else '-'}: {result}"
+            + (f" {a['reason']}" if a["reason"] else "")
+            + (f", error {a['error_class']}" if a["error_class"] else "")
+            + (f", ref {a['provider_ref']}" if a["provider_ref"] else "")
+        )
+    resolution = found.get("resolution")
+    if resolution:
+        lines.append(
+            f"resolved {resolution['outcome']} by {resolution['resolved_by']} at "
+            f"{json_default(resolution['resolved_at'])}"
+            + (f": {resolution['note']}" if resolution["note"] else "")
+        )
+    for link in found.get("made_from") or []:
+        lines.append(f"a {link['relation']} of action {link['from_id']} (by {link['created_by']})")
+    for link in found.get("followed_by") or []:
+        lines.append(f"{link['relation']} as action {link['to_id']} (by {link['created_by']})")
+    if found.get("payload_parked"):
+        lines.append("payload kept for a resend or retry")
     return "\n".join(lines)

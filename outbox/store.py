@@ -13,7 +13,7 @@ import contextvars
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from psycopg import AsyncConnection
@@ -52,10 +52,20 @@ def _claimed(rows: list[dict[str, Any]]) -> list[ClaimedAction]:
 INTAKE_BATCH = 5000
 
 
-def intake_operation(schema: str) -> Operation[int]:
-    """Folds up to ``INTAKE_BATCH`` lane-intake rows into the lane rows; returns how many."""
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """What a claim's first statement said: how many lane-intake rows it folded, and which
+    kinds an operator paused (none of their actions is claimed)."""
+
+    folded: int
+    paused: frozenset[str]
+
+
+def intake_operation(schema: str) -> Operation[Intake]:
+    """Folds up to ``INTAKE_BATCH`` lane-intake rows into the lane rows; returns how many, and
+    the paused kinds."""
     rows = yield Statement(queries_for(schema)["lane_intake"], {"limit": INTAKE_BATCH})
-    return int(rows[0]["folded"])
+    return Intake(int(rows[0]["folded"]), frozenset(rows[0]["paused"]))
 
 
 def claim_operation(
@@ -74,15 +84,17 @@ def claim_operation(
     ``limits`` maps each kind to the most actions of that kind to claim now. With ``take`` the
     claim is also the take (an in-process executor runs what it claims): the attempt rises and
     the payload is returned. Without, the claimed actions carry no payload (a claimer pushes only
-    ``(id, epoch)``, and a payload may be large).
+    ``(id, epoch)``, and a payload may be large). A kind an operator paused is skipped (the
+    intake says which; a caller that folded it passes no limit for them).
     """
     q = queries_for(schema)
+    paused: frozenset[str] = frozenset()
     if intake:
-        yield from intake_operation(schema)
+        paused = (yield from intake_operation(schema)).paused
     claimed: list[ClaimedAction] = []
     # Statements a kind, so that each kind's bound holds and each is an index range scan.
     for kind, limit in limits.items():
-        if limit <= 0:
+        if limit <= 0 or kind in paused:
             continue
         params = {"kind": kind, "limit": limit, "lease": lease, "take": take}
         rows = yield Statement(q["claim_reclaims"], params)
@@ -107,6 +119,14 @@ def release_claims_operation(
     return list(_by_token(rows))
 
 
+#: A fence a caller asks for: its token, the write margin, the provider reference it records,
+#: and the claim's time (starts an in-process attempt's history row).
+FenceRequest = tuple[FenceToken, timedelta, str | None, datetime | None]
+#: A finish a caller asks for: its token, what it writes, the claim's time (as above), and
+#: whether this attempt passed its fence (its history row then keeps the fence's time).
+FinishRequest = tuple[FenceToken, Finish, datetime | None, bool]
+
+
 def _by_token(rows: list[dict[str, Any]]) -> dict[FenceToken, dict[str, Any]]:
     """The rows a batched statement returned, by the token each answers."""
     return {FenceToken(row["id"], row["epoch"]): row for row in rows}
@@ -116,8 +136,9 @@ def _token_params(token: FenceToken) -> dict[str, int]:
     return {"id": token.action_id, "epoch": token.epoch}
 
 
-def _first(pair: tuple[FenceToken, Any]) -> FenceToken:
-    return pair[0]
+def _first(request: tuple[Any, ...]) -> FenceToken:
+    token: FenceToken = request[0]
+    return token
 
 
 def _identity(token: FenceToken) -> FenceToken:
@@ -137,10 +158,10 @@ class Store:
         self._take: GroupWriter[FenceToken, FenceToken, ClaimedAction] = GroupWriter(
             "take_attempt", self._take_many, self._take_one, _identity
         )
-        self._fence: GroupWriter[tuple[FenceToken, timedelta], FenceToken, bool] = GroupWriter(
+        self._fence: GroupWriter[FenceRequest, FenceToken, bool] = GroupWriter(
             "begin_write", self._fence_many, self._fence_one, _first
         )
-        self._finish: GroupWriter[tuple[FenceToken, Finish], FenceToken, bool] = GroupWriter(
+        self._finish: GroupWriter[FinishRequest, FenceToken, bool] = GroupWriter(
             "finish", self._finish_many, self._finish_one, _first
         )
 
@@ -167,36 +188,38 @@ class Store:
         rows = await self._rows("take_attempts", params)
         return {token: _claimed([row])[0] for token, row in _by_token(rows).items()}
 
-    async def _fence_one(self, fence: tuple[FenceToken, timedelta]) -> bool:
-        token, margin = fence
-        return bool(await self._rows("begin_write", {**_token_params(token), "margin": margin}))
+    async def _fence_one(self, fence: FenceRequest) -> bool:
+        token, margin, ref, claimed_at = fence
+        params = {**_token_params(token), "margin": margin, "ref": ref, "claimed_at": claimed_at}
+        return bool(await self._rows("begin_write", params))
 
-    async def _fence_many(
-        self, fences: Sequence[tuple[FenceToken, timedelta]]
-    ) -> dict[FenceToken, bool]:
+    async def _fence_many(self, fences: Sequence[FenceRequest]) -> dict[FenceToken, bool]:
         params = {
-            "ids": [t.action_id for t, _ in fences],
-            "epochs": [t.epoch for t, _ in fences],
-            "margins": [margin for _, margin in fences],
+            "ids": [f[0].action_id for f in fences],
+            "epochs": [f[0].epoch for f in fences],
+            "margins": [f[1] for f in fences],
+            "refs": [f[2] for f in fences],
+            "claimed_ats": [f[3] for f in fences],
         }
         return dict.fromkeys(_by_token(await self._rows("begin_writes", params)), True)
 
-    async def _finish_one(self, finish: tuple[FenceToken, Finish]) -> bool:
+    async def _finish_one(self, finish: FinishRequest) -> bool:
         return bool(await self._finish_many([finish]))
 
-    async def _finish_many(
-        self, finishes: Sequence[tuple[FenceToken, Finish]]
-    ) -> dict[FenceToken, bool]:
+    async def _finish_many(self, finishes: Sequence[FinishRequest]) -> dict[FenceToken, bool]:
         # One statement for every finish, one row or many: ends, retries and deferrals alike.
         params = {
-            "ids": [t.action_id for t, _ in finishes],
-            "epochs": [t.epoch for t, _ in finishes],
-            "states": [f.state.value for _, f in finishes],
-            "stop_reasons": [f.stop_reason for _, f in finishes],
-            "refs": [f.ref for _, f in finishes],
-            "retry_reasons": [f.retry_reason for _, f in finishes],
-            "afters": [f.after for _, f in finishes],
-            "gives_back": [f.gives_back_attempt for _, f in finishes],
+            "ids": [r[0].action_id for r in finishes],
+            "epochs": [r[0].epoch for r in finishes],
+            "states": [r[1].state.value for r in finishes],
+            "stop_reasons": [r[1].stop_reason for r in finishes],
+            "refs": [r[1].ref for r in finishes],
+            "retry_reasons": [r[1].retry_reason for r in finishes],
+            "afters": [r[1].after for r in finishes],
+            "gives_back": [r[1].gives_back_attempt for r in finishes],
+            "error_classes": [r[1].error_class for r in finishes],
+            "claimed_ats": [r[2] for r in finishes],
+            "fenced": [r[3] for r in finishes],
         }
         return dict.fromkeys(_by_token(await self._rows("finish_many", params)), True)
 
@@ -226,15 +249,31 @@ class Store:
         Abandoned)."""
         return await self._take(token)
 
-    async def begin_write(self, token: FenceToken, margin: timedelta) -> bool:
+    async def begin_write(
+        self,
+        token: FenceToken,
+        margin: timedelta,
+        ref: str | None = None,
+        claimed_at: datetime | None = None,
+    ) -> bool:
         """The fence: marks the write as started while the token's epoch holds and at least
-        ``margin`` of the lease is left."""
-        return bool(await self._fence((token, margin)))
+        ``margin`` of the lease is left, and records it (with the provider reference ``ref``, if
+        the adapter knows one before its call) in the attempt's history row. ``claimed_at``
+        starts that row for an in-process attempt (its claim was its take)."""
+        return bool(await self._fence((token, margin, ref, claimed_at)))
 
-    async def finish(self, token: FenceToken, finish: Finish) -> bool:
-        """Writes ``finish`` (an end or a wait) if the token's epoch still holds; True when it
-        did."""
-        return bool(await self._finish((token, finish)))
+    async def finish(
+        self,
+        token: FenceToken,
+        finish: Finish,
+        claimed_at: datetime | None = None,
+        *,
+        fenced: bool = False,
+    ) -> bool:
+        """Writes ``finish`` (an end or a wait) if the token's epoch still holds, and ends the
+        attempt's history row (with its fence's time when ``fenced``: the attempt passed its
+        fence); True when it did. ``claimed_at`` as for ``begin_write``."""
+        return bool(await self._finish((token, finish, claimed_at, fenced)))
 
     async def in_flight(self, kinds: Iterable[str]) -> dict[str, int]:
         """Claimed-and-unfinished actions per kind, with a lease that still runs."""

@@ -16,11 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
-def test_the_demo_ends_every_action_and_never_sends_twice(database_url, monkeypatch):
+def test_the_demo_ends_every_action_and_never_sends_twice(database_url, schema, monkeypatch):
     monkeypatch.setenv("OUTBOX_DATABASE_URL", database_url)
     for name in ("OUTBOX_BROKER_URL", "OUTBOX_SMTP_URL"):
         monkeypatch.delenv(name, raising=False)
-    result = run_demo(people=80, timeout=90, progress=False)
+    result = run_demo(people=80, timeout=90, progress=False, schema=schema)
     assert result.enqueued > 60
     assert result.all_ended
     assert result.duplicates_at_sink == 0
@@ -38,6 +38,7 @@ def test_the_demo_ends_every_action_and_never_sends_twice(database_url, monkeypa
     assert (result.comments_posted, result.comment_duplicates) == (result.comments_enqueued, 0)
     table = render(result)
     assert "outbox demo: outcomes" in table and "Where to look next" in table
+    assert f"outbox status --schema {schema}" in table
 
 
 def _compose_services() -> dict:

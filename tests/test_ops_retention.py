@@ -79,7 +79,7 @@ def test_prune_cli_uses_the_given_retention_and_reports_json(outbox, database_ur
     ids = ended_fixture(outbox, database_url, [10 * DAY, 3 * DAY])
     code = main(
         ["prune", "--database-url", database_url, "--schema", schema, "--retention-days", "5",
-         "--batch-size", "1", "--json"]
+         "--batch-size", "1", "--json", "--yes"]
     )  # fmt: skip
     assert code == 0
     report = json.loads(capsys.readouterr().out)

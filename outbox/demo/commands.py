@@ -1,4 +1,5 @@
-"""The ``outbox demo`` and ``outbox dashboard`` subcommands (registered in ``outbox.cli``)."""
+"""The ``outbox demo`` and ``outbox dashboard`` (alias ``outbox console``) subcommands
+(registered in ``outbox.cli``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import logging
 from psycopg_pool import ConnectionPool
 
 from outbox.cli_args import port, positive_float, positive_int
+from outbox.demo.schema import DEMO_SCHEMA
 from outbox.loader import load_app
 from outbox.outbox import Outbox
 
-log = logging.getLogger("outbox.dashboard")
+log = logging.getLogger("outbox.console")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -20,7 +22,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     # The progress bar and the table are the demo's output: the per-attempt log lines (retries,
     # the UNCERTAIN warnings) would scroll it away, so only errors are shown unless -v.
     logging.getLogger().setLevel(logging.ERROR if not args.verbose else logging.DEBUG)
-    return main(people=args.people, timeout=args.timeout)
+    return main(people=args.people, timeout=args.timeout, schema=args.schema)
 
 
 def setup_demo(sub: argparse._SubParsersAction) -> None:
@@ -35,42 +37,76 @@ def setup_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--timeout", type=positive_float, default=120.0, help="give up after this many seconds"
     )
+    p.add_argument(
+        "--schema",
+        default=DEMO_SCHEMA,
+        help=f"the demo's own schema (default {DEMO_SCHEMA}; not $OUTBOX_SCHEMA): created and "
+        "marked by the demo, dropped by its next run; a schema it did not create is never dropped",
+    )
     p.set_defaults(func=_cmd_demo)
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
-    from outbox.dashboard import DashboardApp, serve
+    from outbox.console import create_app, serve
 
     app = load_app(args.app) if args.app else Outbox()
     overrides = {"database_url": args.database_url, "schema": args.schema}
     app.settings = app.settings.with_overrides(**overrides)
+    settings = app.settings
     broker = None
-    if app.settings.broker_url:
+    if settings.broker_url:
         from outbox.dispatch.broker import broker_from_url
 
-        broker = broker_from_url(app.settings.broker_url)
+        broker = broker_from_url(settings.broker_url)
         for kind in app.kinds.values():
             broker.declare_queue(kind.queue_name)
-    pool = ConnectionPool(app.settings.require_database_url(), min_size=1, max_size=4, open=True)
-    server = serve(DashboardApp(pool, app.schema, broker), args.host, args.port)
-    print(f"outbox dashboard on http://{args.host}:{server.server_port}/ (Ctrl-C to stop)")
+    pool = ConnectionPool(
+        settings.require_database_url(), min_size=1, max_size=4, open=False, name="console"
+    )
+    console = create_app(
+        pool,
+        app.schema,
+        broker=broker,
+        users=settings.console_users,
+        secret_key=settings.console_secret_key,
+    )
+    server = serve(console, args.host, args.port)  # refuses a wide bind without a login
+    pool.open()
+    print(
+        f"outbox console on http://{args.host}:{server.effective_port}/ (Ctrl-C to stop)",
+        flush=True,
+    )
     try:
-        server.serve_forever()
+        server.run()
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
+        server.close()
         pool.close()
     return 0
 
 
 def setup_dashboard(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("dashboard", help="serve a small web page of the outbox's state")
-    p.add_argument(
-        "app", nargs="?", metavar="APP", help="module:object of the application's Outbox"
-    )
-    p.add_argument("--database-url", help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL)")
-    p.add_argument("--schema", help="PostgreSQL schema (default: $OUTBOX_SCHEMA or outbox)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=port, default=8080, help="port (default 8080; 0 picks one)")
-    p.set_defaults(func=_cmd_dashboard)
+    # Two parsers rather than an argparse alias: the global options are added to each parser
+    # in ``sub.choices``, where an alias would be the same parser twice.
+    for name, help_text in (
+        (
+            "dashboard",
+            "serve the web console: actions, UNCERTAIN, blocked lanes, processes, and the "
+            "operator's verbs (loopback only unless OUTBOX_CONSOLE_USERS is set)",
+        ),
+        ("console", "the same as `outbox dashboard`"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument(
+            "app", nargs="?", metavar="APP", help="module:object of the application's Outbox"
+        )
+        p.add_argument("--database-url", help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL)")
+        p.add_argument("--schema", help="PostgreSQL schema (default: $OUTBOX_SCHEMA or outbox)")
+        p.add_argument(
+            "--host",
+            default="127.0.0.1",
+            help="address to listen on (default 127.0.0.1; any other needs OUTBOX_CONSOLE_USERS)",
+        )
+        p.add_argument("--port", type=port, default=8080, help="port (default 8080; 0 picks one)")
+        p.set_defaults(func=_cmd_dashboard)

@@ -28,6 +28,7 @@ import psycopg
 from psycopg import sql
 
 from outbox.demo.app import Digest, PasswordReset, People, Welcome, build_outbox
+from outbox.demo.schema import DEMO_SCHEMA, fresh_demo_schema, record_demo_actions
 from outbox.email import RecipientCannotReceive, SmtpSettings, enqueue_email
 from outbox.errors import ConfigurationError
 from outbox.issue_comment import (
@@ -46,8 +47,6 @@ from outbox.webhook import (
     new_secret,
 )
 
-#: The demo's own schema, dropped and created anew on every run.
-DEMO_SCHEMA = "outbox_demo"
 SENDER = "Outbox Demo <noreply@demo.example>"
 
 
@@ -68,6 +67,7 @@ class DemoResult:
     comments_enqueued: int = 0
     comments_posted: int = 0
     comment_duplicates: int = 0
+    schema: str = DEMO_SCHEMA
 
     @property
     def all_ended(self) -> bool:
@@ -147,9 +147,14 @@ def _people(n: int, rng: random.Random) -> list[tuple[int, str, str | None, bool
 
 
 def _enqueue(
-    conn: psycopg.Connection[Any], people_rows: list[Any], notices: list[Any], result: DemoResult
+    conn: psycopg.Connection[Any],
+    people_rows: list[Any],
+    notices: list[Any],
+    result: DemoResult,
+    schema: str,
 ) -> None:
     rng = random.Random(7)
+    ids: list[int] = []
     for person_id, _name, _email, _subscribed in people_rows:
         for notice in rng.sample(notices, k=rng.choice((1, 1, 2))):
             event: dict[str, Any] = {"person": person_id}
@@ -158,17 +163,19 @@ def _enqueue(
             if isinstance(notice, PasswordReset):
                 event["code"] = f"{rng.randrange(10**6):06d}"
             try:
-                enqueue_email(
+                action = enqueue_email(
                     conn,
                     notice,
                     event,
                     lane_key=f"person:{person_id}",
                     subject_account_id=person_id,
-                    schema=DEMO_SCHEMA,
+                    schema=schema,
                 )
+                ids.append(action.id)
                 result.enqueued += 1
             except RecipientCannotReceive as refused:
                 result.refused_at_enqueue[refused.reason] += 1
+    record_demo_actions(conn, schema, ids)
     conn.commit()
 
 
@@ -189,13 +196,13 @@ def _progress(done: int, total: int, states: Counter[str], started: float) -> No
 
 
 def _counts(
-    conn: psycopg.Connection[Any],
+    conn: psycopg.Connection[Any], schema: str
 ) -> tuple[Counter[str], Counter[tuple[str, str]], Counter[tuple[str, str]]]:
     rows = conn.execute(
         sql.SQL(
             "SELECT kind, state, coalesce(stop_reason, ''), count(*) FROM {}.agent_action "
             "GROUP BY 1, 2, 3"
-        ).format(sql.Identifier(DEMO_SCHEMA))
+        ).format(sql.Identifier(schema))
     ).fetchall()
     states: Counter[str] = Counter()
     ended: Counter[tuple[str, str]] = Counter()
@@ -224,7 +231,7 @@ def _receivers() -> Iterator[tuple[Any, Any, str]]:
         tracker.stop()
 
 
-def _register_http_kinds(outbox: Any, db_url: str, tracker_url: str) -> None:
+def _register_http_kinds(outbox: Any, db_url: str, tracker_url: str, schema: str) -> None:
     from outbox.demo.receivers import TOKEN
 
     webhook_settings = WebhookSettings(
@@ -232,7 +239,7 @@ def _register_http_kinds(outbox: Any, db_url: str, tracker_url: str) -> None:
         address_policy=AddressPolicy.parse("127.0.0.0/8"),
         timeout=timedelta(seconds=2),
     )
-    outbox.register(WEBHOOK, WebhookAdapter(db_url, schema=DEMO_SCHEMA, settings=webhook_settings))
+    outbox.register(WEBHOOK, WebhookAdapter(db_url, schema=schema, settings=webhook_settings))
     comments = IssueCommentSettings(token=TOKEN, api_url=tracker_url, timeout=timedelta(seconds=2))
     outbox.register(ISSUE_COMMENT, IssueCommentAdapter(comments))
 
@@ -243,23 +250,25 @@ def _enqueue_http(
     webhook_url: str,
     secret: str,
     result: DemoResult,
+    schema: str,
 ) -> None:
     """A webhook for every fifth person who joined, and a comment on a support issue for every
     seventh, each in the transaction that records it."""
-    add_subscription(conn, f"{webhook_url}/hooks", [secret], ["person.joined"], schema=DEMO_SCHEMA)
+    add_subscription(conn, f"{webhook_url}/hooks", [secret], ["person.joined"], schema=schema)
+    ids: list[int] = []
     for person_id, *_ in people_rows:
         if person_id % 5 == 0:
-            result.webhooks_enqueued += len(
-                enqueue_webhook(
-                    conn,
-                    "person.joined",
-                    {"person": person_id},
-                    idempotency_key=f"person:{person_id}:joined",
-                    schema=DEMO_SCHEMA,
-                )
+            webhooks = enqueue_webhook(
+                conn,
+                "person.joined",
+                {"person": person_id},
+                idempotency_key=f"person:{person_id}:joined",
+                schema=schema,
             )
+            ids += [action.id for action in webhooks]
+            result.webhooks_enqueued += len(webhooks)
         if person_id % 7 == 0:
-            enqueue_issue_comment(
+            comment = enqueue_issue_comment(
                 conn,
                 "demo",
                 "support",
@@ -267,21 +276,29 @@ def _enqueue_http(
                 f"Person {person_id} confirmed the fix.",
                 idempotency_key=f"person:{person_id}:confirmed",
                 workspace_id="demo",
-                schema=DEMO_SCHEMA,
+                schema=schema,
             )
+            ids.append(comment.id)
             result.comments_enqueued += 1
     result.enqueued += result.webhooks_enqueued + result.comments_enqueued
+    record_demo_actions(conn, schema, ids)
     conn.commit()
 
 
-def run_demo(people: int = 200, timeout: float = 120.0, progress: bool = True) -> DemoResult:
-    """Runs the whole demo and returns what happened (``outbox demo`` prints it)."""
+def run_demo(
+    people: int = 200, timeout: float = 120.0, progress: bool = True, schema: str = DEMO_SCHEMA
+) -> DemoResult:
+    """Runs the whole demo in ``schema`` and returns what happened (``outbox demo`` prints it).
+
+    The schema is the demo's own: created and marked by it, dropped by its next run; one that
+    exists without the demo's mark, or holds actions the demo did not enqueue, is refused
+    (``DemoSchemaRefused``) before anything is written."""
     import dramatiq
 
     from outbox.dispatch.actors import install
     from outbox.dispatch.claimer import Claimer
 
-    result = DemoResult()
+    result = DemoResult(schema=schema)
     env = os.environ
     with ExitStack() as stack:
         db_url, db_where = stack.enter_context(
@@ -299,7 +316,7 @@ def run_demo(people: int = 200, timeout: float = 120.0, progress: bool = True) -
         outbox, people_source = build_outbox(
             smtp,
             database_url=db_url,
-            schema=DEMO_SCHEMA,
+            schema=schema,
             lease=timedelta(seconds=20),
             write_margin=timedelta(seconds=5),
             retry_base=timedelta(seconds=0.3),
@@ -310,10 +327,11 @@ def run_demo(people: int = 200, timeout: float = 120.0, progress: bool = True) -
             batch_size=32,
         )
         stack.callback(people_source.close)
-        _register_http_kinds(outbox, db_url, tracker.url)
+        _register_http_kinds(outbox, db_url, tracker.url, schema)
         _prepare_database(db_url, outbox, people_source, people, result)
         with psycopg.connect(db_url) as conn:
-            _enqueue_http(conn, _people(people, random.Random(42)), receiver.url, secret, result)
+            people_rows = _people(people, random.Random(42))
+            _enqueue_http(conn, people_rows, receiver.url, secret, result, schema)
         started = time.monotonic()
         dispatch = install(outbox, broker)
         worker = dramatiq.Worker(broker, worker_threads=8, worker_timeout=100)
@@ -341,10 +359,7 @@ def run_demo(people: int = 200, timeout: float = 120.0, progress: bool = True) -
 def _prepare_database(
     db_url: str, outbox: Any, people_source: People, people: int, result: DemoResult
 ) -> None:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(DEMO_SCHEMA))
-        )
+    fresh_demo_schema(db_url, result.schema)
     outbox.migrate()
     rows = _people(people, random.Random(42))
     with psycopg.connect(db_url) as conn:
@@ -352,18 +367,18 @@ def _prepare_database(
         with conn.cursor() as cur:
             cur.executemany(
                 sql.SQL("INSERT INTO {}.demo_person VALUES (%s, %s, %s, %s)").format(
-                    sql.Identifier(DEMO_SCHEMA)
+                    sql.Identifier(result.schema)
                 ),
                 rows,
             )
         conn.commit()
         notices = [Welcome(people_source), Digest(people_source), PasswordReset(people_source)]
-        _enqueue(conn, rows, notices, result)
+        _enqueue(conn, rows, notices, result, result.schema)
         # Some people unsubscribe after their email was enqueued: the adapter prepares again
         # before the attempt and cancels it, so they get nothing.
         conn.execute(
             sql.SQL("UPDATE {}.demo_person SET subscribed = false WHERE id % 17 = 0").format(
-                sql.Identifier(DEMO_SCHEMA)
+                sql.Identifier(result.schema)
             )
         )
         conn.commit()
@@ -386,7 +401,7 @@ async def _claim_until_settled(
         try:
             with psycopg.connect(db_url, autocommit=True) as conn:
                 while True:
-                    states, ended, emails = _counts(conn)
+                    states, ended, emails = _counts(conn, result.schema)
                     done = sum(ended.values())
                     if progress:
                         _progress(done, result.enqueued, states, started)
@@ -442,17 +457,18 @@ def render(result: DemoResult) -> str:
             "  The embedded database is gone with the demo. To look around afterwards, run it",
             "  on your PostgreSQL: OUTBOX_DATABASE_URL=postgresql://... outbox demo, then",
         ]
+    where = f"--schema {result.schema}"
     lines += [
-        "  outbox status --schema outbox_demo      counts, backlog, latest UNCERTAIN/FAILED",
-        "  outbox inspect ID --schema outbox_demo  one action's fields and history",
-        "  outbox dashboard --schema outbox_demo   the same as a web page",
+        f"  outbox status {where}      counts, backlog, latest UNCERTAIN/FAILED",
+        f"  outbox inspect ID {where}  one action's fields and history",
+        f"  outbox dashboard {where}   the same as a web page",
         "  README.md: 'Five minutes: add a kind and its adapter'",
     ]
     return "\n".join(lines)
 
 
-def main(people: int = 200, timeout: float = 120.0) -> int:
-    result = run_demo(people=people, timeout=timeout)
+def main(people: int = 200, timeout: float = 120.0, schema: str = DEMO_SCHEMA) -> int:
+    result = run_demo(people=people, timeout=timeout, schema=schema)
     print(render(result))
     if not result.all_ended:
         print(f"\nNot every action ended within {timeout:.0f}s.", file=sys.stderr)

@@ -33,6 +33,7 @@ from outbox.connecting import CONNECTION_OPTIONS, one_line, wait_for_database
 from outbox.dispatch.claim_guard import ClaimLockBusy, enter_claim_round
 from outbox.dispatch.consumption import ConsumptionWatch
 from outbox.dispatch.fabric import Fabric, batches
+from outbox.dispatch.heartbeat import Heartbeat
 from outbox.dispatch.pushing import BrokerGate, OffLoop
 from outbox.maintenance import Maintenance
 from outbox.queries import queries_for
@@ -65,6 +66,8 @@ class Round:
     in_flight: dict[str, int] = field(default_factory=dict)
     #: Lane-intake rows this round folded; a full batch means more are waiting.
     folded: int = 0
+    #: The kinds an operator paused, as this round read them.
+    paused: frozenset[str] = frozenset()
 
     @property
     def more_due(self) -> bool:
@@ -93,7 +96,8 @@ def bounded_claim_operation(
     the bound (one probe for a kind whose claims no worker takes); run it in a transaction."""
     q = queries_for(schema)
     yield Statement(q["claim_lock"], {"schema": schema})
-    folded = yield from intake_operation(schema)
+    intake = yield from intake_operation(schema)
+    folded = intake.folded
     rows = yield Statement(q["executing_by_kind"])
     counts = {row["kind"]: row for row in rows}
     current: dict[str, int] = {}
@@ -101,6 +105,10 @@ def bounded_claim_operation(
     probing: set[str] = set()
     for kind in kinds:
         current[kind] = int(counts[kind]["n"]) if kind in counts else 0
+        if kind in intake.paused:
+            # An operator paused it: no claim, no probe, no reclaim until resumed.
+            limits[kind] = 0
+            continue
         unconsumed = int(counts[kind]["unconsumed"]) if kind in counts else 0
         if watch.stalled(kind):
             probe = watch.probe(kind)
@@ -130,7 +138,9 @@ def bounded_claim_operation(
         if item.action.kind in probing:
             watch.probed(item.action.kind, item.action.token)
     consumed = {kind: n for kind, n in limits.items() if kind not in probing}
-    return Round(claimed=claimed, limits=consumed, in_flight=current, folded=folded)
+    return Round(
+        claimed=claimed, limits=consumed, in_flight=current, folded=folded, paused=intake.paused
+    )
 
 
 class Claimer:
@@ -151,6 +161,15 @@ class Claimer:
         #: Lost leases, expiry, retention and the backlog gauges, each on its own interval.
         self.maintenance = Maintenance.for_claimer(store, self.settings, dispatch.outbox.observers)
         self.watch = ConsumptionWatch()
+        #: The last round's in-flight counts, for the heartbeat.
+        self._in_flight_now = 0
+        self.heartbeat = Heartbeat(
+            store,
+            "claimer",
+            self.kinds,
+            lambda: self._in_flight_now,
+            self.settings.heartbeat_interval.total_seconds(),
+        )
         self.off_loop = OffLoop(self.settings.push_timeout.total_seconds())
         self.gate = BrokerGate(dispatch.check_broker, self.off_loop)
         #: Totals since start, for logs and tests.
@@ -252,6 +271,7 @@ class Claimer:
             self.totals["rounds"] += 1
             return Round()
         result = await self.claim()
+        self._in_flight_now = sum(result.in_flight.values()) + len(result.claimed)
         if result.claimed:
             result.pushed = await self.push_off_loop(result.claimed)
         self.totals["rounds"] += 1
@@ -267,6 +287,8 @@ class Claimer:
             self.settings.in_flight,
             self.settings.lease.total_seconds(),
         )
+        beating = asyncio.Event()
+        heartbeat = asyncio.create_task(self.heartbeat.run(beating))
         try:
             while not stop.is_set():
                 wait = self.settings.poll_interval.total_seconds()
@@ -286,6 +308,8 @@ class Claimer:
                     log.exception("claim round failed; trying again")
                 await self.wait(wait, stop)
         finally:
+            beating.set()
+            await heartbeat
             await self._close_listener()
             self.off_loop.close()
             log.info("claimer stopped: %s", self.totals)

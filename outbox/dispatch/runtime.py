@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from dramatiq.asyncio import EventLoopThread
 
 from outbox.connecting import wait_for_database
+from outbox.dispatch.heartbeat import Heartbeat
 from outbox.executor import ActionExecutor, Outcome
 from outbox.fence_token import FenceToken
 
@@ -62,6 +63,9 @@ class WorkerRuntime:
         self._executor: ActionExecutor | None = None
         self._opening: concurrent.futures.Future[None] | None = None
         self._stopping: asyncio.Event | None = None
+        self._heartbeat: asyncio.Future[None] | None = None
+        #: Attempts running now in this process (the heartbeat's in-flight count).
+        self._running = 0
 
     def start(self) -> None:
         """Starts the loop thread and opens the pool, once per process."""
@@ -92,6 +96,15 @@ class WorkerRuntime:
                 continue
             self._stack = stack
             self._executor = self.outbox.executor(store)
+            settings = self.outbox.settings
+            beat = Heartbeat(
+                store,
+                "worker",
+                self.outbox.adapters,
+                lambda: self._running,
+                settings.heartbeat_interval.total_seconds(),
+            )
+            self._heartbeat = asyncio.ensure_future(beat.run(self._stopping))
             return
         raise RuntimeError("the worker runtime stopped before PostgreSQL answered")
 
@@ -120,11 +133,18 @@ class WorkerRuntime:
                     opening.result(timeout=START_TIMEOUT)
             stack = self._stack
             if stack is not None:
+                if self._heartbeat is not None:
+                    # Ended by the stop event; its last act (removing the row) needs the pool.
+                    with contextlib.suppress(Exception):
+                        asyncio.run_coroutine_threadsafe(
+                            _awaited(self._heartbeat), thread.loop
+                        ).result(timeout=START_TIMEOUT)
                 future = asyncio.run_coroutine_threadsafe(stack.aclose(), thread.loop)
                 future.result(timeout=START_TIMEOUT)
             thread.stop()
             self._thread = self._stack = self._executor = None
             self._opening = self._stopping = None
+            self._heartbeat = None
             self._pid = None
 
     def run(self, kind: str, token: FenceToken) -> Outcome | None:
@@ -167,11 +187,19 @@ class WorkerRuntime:
         executor = self._executor or await self._ready()
         # Taken before the statement, so the local deadline never outlives the database lease.
         started = time.monotonic()
-        claimed = await executor.store.take_attempt(token)
-        if claimed is None:
-            executor.observers.take_refused(kind, token)
-            return None
-        return await executor.run(claimed, started)
+        self._running += 1
+        try:
+            claimed = await executor.store.take_attempt(token)
+            if claimed is None:
+                executor.observers.take_refused(kind, token)
+                return None
+            return await executor.run(claimed, started)
+        finally:
+            self._running -= 1
+
+
+async def _awaited(future: asyncio.Future[None]) -> None:
+    await future
 
 
 def run_on_loop(loop: asyncio.AbstractEventLoop, make: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -176,8 +176,10 @@ class EmailAdapter:
             return self._invalid(attempt, name, error)
         message_id = rendered.message_id
         # The fence comes after everything that can fail without the relay, right before the
-        # first byte goes to it: a refused fence means another holder owns the action.
-        if not await attempt.fence().begin_write():
+        # first byte goes to it: a refused fence means another holder owns the action. The
+        # Message-ID goes on record with the fence, so an attempt that ends UNCERTAIN can still
+        # be looked up at the relay by it.
+        if not await attempt.fence().begin_write(message_id):
             return Abandoned()
         result = await self._send(rendered, prepared.to)
         outcome_name = type(result).__name__.lower()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from outbox.maintenance.expiry import Expiry
 from outbox.maintenance.gauges import BacklogGauges
 from outbox.maintenance.lost_leases import LostLeases
+from outbox.maintenance.operator_rows import ParkedPayloads, StaleProcesses
 from outbox.maintenance.retention import Retention
 from outbox.maintenance.service import MaintenanceService
 
@@ -56,6 +57,8 @@ class Maintenance:
                 LostLeases(every, observers=observers),
                 Expiry(every, observers=observers),
                 Retention(every, settings.retention),
+                ParkedPayloads(every, settings.parked_payload_retention),
+                StaleProcesses(every, settings.process_stale_after),
                 BacklogGauges(every),
             ],
         )

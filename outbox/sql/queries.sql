@@ -95,8 +95,11 @@ RETURNING *, false AS created
 -- name: lane_intake
 -- Folds up to `limit` lane-intake rows (what enqueues, admits, refusals, expiries and erasures
 -- left) into the lane rows, before a claim reads them (function in migration 0005). Never waits
--- on a lane row; returns how many intake rows it folded.
-SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded
+-- on a lane row; returns how many intake rows it folded, and the kinds an operator paused (read
+-- here, in a statement every claim runs anyway, so a pause costs the claim nothing).
+SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
+       (SELECT coalesce(array_agg(p.kind), '{}') FROM {schema}.agent_action_kind_pause p)
+           AS paused
 
 -- name: claim_heads
 -- Due, idle lane heads of one kind become EXECUTING under a lease: the epoch rises, the
@@ -185,14 +188,31 @@ WITH lost AS (
      ORDER BY a.lease_until
      LIMIT %(limit)s
        FOR UPDATE OF a SKIP LOCKED
+), ended AS (
+    UPDATE {schema}.agent_action a
+       SET state = CASE WHEN lost.wrote THEN 'UNCERTAIN' ELSE 'FAILED' END,
+           stop_reason = CASE WHEN lost.wrote THEN 'LEASE_LOST_AFTER_WRITE' ELSE 'ATTEMPTS_EXHAUSTED' END,
+           payload = NULL, ended_at = now()
+      FROM lost
+     WHERE a.id = lost.id
+    RETURNING a.id, a.epoch, a.kind, a.state, a.stop_reason, lost.wrote, a.write_started_at
+), history AS (
+    -- The lost attempt's row ends: its worker never finished it (LEASE_EXPIRED, or the write
+    -- may have happened: LEASE_LOST_AFTER_WRITE), with its fence's time if it passed one.
+    UPDATE {schema}.agent_action_attempt h
+       SET ended_at = now(), result = e.state,
+           fence_passed_at = coalesce(h.fence_passed_at, e.write_started_at),
+           reason = CASE WHEN e.wrote THEN 'LEASE_LOST_AFTER_WRITE' ELSE 'LEASE_EXPIRED' END
+      FROM ended e
+     WHERE h.action_id = e.id AND h.epoch = e.epoch AND h.ended_at IS NULL
+), parked AS (
+    INSERT INTO {schema}.agent_action_parked_payload (action_id, payload)
+    SELECT o.id, o.payload
+      FROM ended e JOIN {schema}.agent_action o ON o.id = e.id
+     WHERE o.payload IS NOT NULL
+    ON CONFLICT (action_id) DO NOTHING
 )
-UPDATE {schema}.agent_action a
-   SET state = CASE WHEN lost.wrote THEN 'UNCERTAIN' ELSE 'FAILED' END,
-       stop_reason = CASE WHEN lost.wrote THEN 'LEASE_LOST_AFTER_WRITE' ELSE 'ATTEMPTS_EXHAUSTED' END,
-       payload = NULL, ended_at = now()
-  FROM lost
- WHERE a.id = lost.id
-RETURNING a.id, a.kind, a.state, a.stop_reason
+SELECT id, kind, state, stop_reason FROM ended
 
 -- name: expire_waiting
 -- Waiting actions past expires_at end CANCELLED EXPIRED.
@@ -203,23 +223,51 @@ WITH gone AS (
      ORDER BY a.expires_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), expired AS (
+    UPDATE {schema}.agent_action a
+       SET state = 'CANCELLED', stop_reason = 'EXPIRED', payload = NULL, ended_at = now()
+      FROM gone
+     WHERE a.id = gone.id
+    RETURNING a.id, a.kind, a.state, a.stop_reason
+), parked AS (
+    -- Kept for an operator's retry, as every end other than DONE.
+    INSERT INTO {schema}.agent_action_parked_payload (action_id, payload)
+    SELECT o.id, o.payload
+      FROM expired e JOIN {schema}.agent_action o ON o.id = e.id
+     WHERE o.payload IS NOT NULL
+    ON CONFLICT (action_id) DO NOTHING
 )
-UPDATE {schema}.agent_action a
-   SET state = 'CANCELLED', stop_reason = 'EXPIRED', payload = NULL, ended_at = now()
-  FROM gone
- WHERE a.id = gone.id
-RETURNING a.id, a.kind, a.state, a.stop_reason
+SELECT id, kind, state, stop_reason FROM expired
 
 -- name: take_attempt
 -- A worker takes the executing action a message names, once per epoch: nothing when the epoch
 -- moved, the action ended or was erased, or another delivery of this epoch took it first. The
 -- take is the run: it raises the attempt and starts the lease afresh (a message may have
--- waited in the broker for most of the claim's lease).
-UPDATE {schema}.agent_action a
-   SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
- WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
-   AND a.taken_epoch IS DISTINCT FROM a.epoch
-RETURNING a.*, a.lease_until - now() AS lease_left
+-- waited in the broker for most of the claim's lease). The attempt's history row starts here:
+-- the claim's time is its lease's start, read from the row as it was before this take (a
+-- sibling of an UPDATE in one WITH reads the statement's snapshot, not the update's rows).
+WITH taken AS (
+    UPDATE {schema}.agent_action a
+       SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
+     WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
+       AND a.taken_epoch IS DISTINCT FROM a.epoch
+    RETURNING a.*, a.lease_until - now() AS lease_left
+), history AS (
+    INSERT INTO {schema}.agent_action_attempt (action_id, epoch, attempt, claimed_at, taken_at)
+    SELECT t.id, t.epoch, t.attempt, o.lease_until - %(lease)s::interval, now()
+      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
+    ON CONFLICT (action_id, epoch) DO NOTHING
+), lost AS (
+    -- A reclaimed action whose earlier attempt passed its fence and was lost (its worker
+    -- killed): that attempt's row gets its fence's time, which the row still shows.
+    UPDATE {schema}.agent_action_attempt h
+       SET fence_passed_at = o.write_started_at
+      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
+     WHERE o.write_started_at IS NOT NULL
+       AND h.action_id = t.id AND h.epoch < t.epoch
+       AND h.ended_at IS NULL AND h.fence_passed_at IS NULL
+)
+SELECT * FROM taken
 
 -- name: claim_lock
 -- Serialises the dispatch claimers' bounded claims (count in flight, then claim) for one schema,
@@ -259,33 +307,82 @@ LISTEN {channel}
 
 -- name: begin_write
 -- The fence: the write starts only while this claim's epoch holds and at least the write margin
--- of its lease is left.
-UPDATE {schema}.agent_action SET write_started_at = now()
- WHERE id = %(id)s AND epoch = %(epoch)s AND state = 'EXECUTING'
-   AND lease_until - now() >= %(margin)s
-RETURNING id
+-- of its lease is left. When the adapter gives the provider's reference of its write before the
+-- call (an email's Message-ID), the attempt's history row records it with the fence (an
+-- in-process attempt, whose claim was its take, starts its row here: `claimed_at` is the
+-- claim's lease start, now when the caller does not know it); otherwise the finish records the
+-- fence's time, and no history row is written here.
+WITH fenced AS (
+    UPDATE {schema}.agent_action a SET write_started_at = now()
+     WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
+       AND a.lease_until - now() >= %(margin)s
+    RETURNING a.id, a.epoch, a.attempt
+), history AS (
+    INSERT INTO {schema}.agent_action_attempt AS h
+        (action_id, epoch, attempt, claimed_at, taken_at, fence_passed_at, provider_ref)
+    SELECT f.id, f.epoch, f.attempt, coalesce(%(claimed_at)s::timestamptz, now()),
+           coalesce(%(claimed_at)s::timestamptz, now()), now(), %(ref)s::text
+      FROM fenced f
+     WHERE %(ref)s::text IS NOT NULL
+    ON CONFLICT (action_id, epoch) DO UPDATE
+       SET fence_passed_at = excluded.fence_passed_at,
+           provider_ref = coalesce(excluded.provider_ref, h.provider_ref)
+)
+SELECT id FROM fenced
 
 -- name: take_attempts
 -- take_attempt for many messages in one statement (outbox/batching.py): each row keeps its own
 -- epoch and once-per-epoch check. The batched statements reach each row by `a.id = m.id`
 -- alone, so the plan probes the primary key once per batch row (or hashes the batch): an
 -- `a.id = ANY(ids)` scan beside it let the generic plan join the batch in a nested loop with a
--- join filter, n x n comparisons (65,280 at 256 rows).
-UPDATE {schema}.agent_action a
-   SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
-  FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
- WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
-   AND a.taken_epoch IS DISTINCT FROM a.epoch
-RETURNING a.*, a.lease_until - now() AS lease_left
+-- join filter, n x n comparisons (65,280 at 256 rows). History rows as in take_attempt.
+WITH taken AS (
+    UPDATE {schema}.agent_action a
+       SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
+      FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
+     WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+       AND a.taken_epoch IS DISTINCT FROM a.epoch
+    RETURNING a.*, a.lease_until - now() AS lease_left
+), history AS (
+    INSERT INTO {schema}.agent_action_attempt (action_id, epoch, attempt, claimed_at, taken_at)
+    SELECT t.id, t.epoch, t.attempt, o.lease_until - %(lease)s::interval, now()
+      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
+    ON CONFLICT (action_id, epoch) DO NOTHING
+), lost AS (
+    -- A reclaimed action whose earlier attempt passed its fence and was lost (its worker
+    -- killed): that attempt's row gets its fence's time, which the row still shows.
+    UPDATE {schema}.agent_action_attempt h
+       SET fence_passed_at = o.write_started_at
+      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
+     WHERE o.write_started_at IS NOT NULL
+       AND h.action_id = t.id AND h.epoch < t.epoch
+       AND h.ended_at IS NULL AND h.fence_passed_at IS NULL
+)
+SELECT * FROM taken
 
 -- name: begin_writes
--- begin_write for many attempts in one statement: each row keeps its own epoch and margin check.
-UPDATE {schema}.agent_action a SET write_started_at = now()
-  FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(margins)s::interval[])
-       AS m(id, epoch, margin)
- WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'  -- see take_attempts
-   AND a.lease_until - now() >= m.margin
-RETURNING a.id, a.epoch
+-- begin_write for many attempts in one statement: each row keeps its own epoch and margin check
+-- (and a history row only where a provider reference is given).
+WITH fenced AS (
+    UPDATE {schema}.agent_action a SET write_started_at = now()
+      FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(margins)s::interval[],
+                  %(refs)s::text[], %(claimed_ats)s::timestamptz[])
+           AS m(id, epoch, margin, ref, claimed_at)
+     WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'  -- see take_attempts
+       AND a.lease_until - now() >= m.margin
+    RETURNING a.id, a.epoch, a.attempt, m.ref, m.claimed_at
+), history AS (
+    INSERT INTO {schema}.agent_action_attempt AS h
+        (action_id, epoch, attempt, claimed_at, taken_at, fence_passed_at, provider_ref)
+    SELECT f.id, f.epoch, f.attempt, coalesce(f.claimed_at, now()),
+           coalesce(f.claimed_at, now()), now(), f.ref
+      FROM fenced f
+     WHERE f.ref IS NOT NULL
+    ON CONFLICT (action_id, epoch) DO UPDATE
+       SET fence_passed_at = excluded.fence_passed_at,
+           provider_ref = coalesce(excluded.provider_ref, h.provider_ref)
+)
+SELECT id, epoch FROM fenced
 
 -- name: finish_many
 -- Every attempt's finish, for one attempt or many in one statement (outbox/batching.py), each
@@ -295,6 +392,12 @@ RETURNING a.id, a.epoch
 -- ended_at. A wait (ADMITTED: a retry, a deferral) is due again `after` from now with its
 -- retry_reason, its lease and fence cleared (the write's start kept as earlier_write_at, for a
 -- read-back adapter), and a deferral gives its attempt back. Rows as in take_attempts.
+-- The attempt's history row ends with it (its result, reason, provider reference, error class,
+-- and when its fence passed, if it did: `fenced`; an in-process attempt's row starts here unless
+-- its fence started it), and an end
+-- other than DONE parks the payload for an operator's resend or retry (read in the statement's
+-- snapshot, before the update dropped it; only those rows are probed).
+WITH finished AS (
 UPDATE {schema}.agent_action a
    SET state = m.state,
        stop_reason = CASE WHEN m.waits THEN a.stop_reason ELSE m.stop_reason END,
@@ -312,10 +415,40 @@ UPDATE {schema}.agent_action a
   FROM (SELECT u.*, u.state = 'ADMITTED' AS waits
           FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(states)s::text[],
                       %(stop_reasons)s::text[], %(refs)s::text[], %(retry_reasons)s::text[],
-                      %(afters)s::interval[], %(gives_back)s::boolean[])
-               AS u(id, epoch, state, stop_reason, ref, retry_reason, after, gives_back)) m
+                      %(afters)s::interval[], %(gives_back)s::boolean[],
+                      %(error_classes)s::text[], %(claimed_ats)s::timestamptz[],
+                      %(fenced)s::boolean[])
+               AS u(id, epoch, state, stop_reason, ref, retry_reason, after, gives_back,
+                    error_class, claimed_at, fenced)) m
  WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
-RETURNING a.id, a.epoch
+-- This attempt's fence time: an end keeps write_started_at, a wait moved it to
+-- earlier_write_at (both only meaningful when this attempt passed its fence).
+RETURNING a.id, a.epoch, a.attempt + m.gives_back::int AS attempt, m.state, m.waits,
+          m.gives_back, m.stop_reason, m.retry_reason, m.ref, m.error_class, m.claimed_at,
+          CASE WHEN m.fenced THEN coalesce(a.write_started_at, a.earlier_write_at) END
+              AS fenced_at
+), history AS (
+    INSERT INTO {schema}.agent_action_attempt AS h
+        (action_id, epoch, attempt, claimed_at, taken_at, fence_passed_at, ended_at, result,
+         reason, provider_ref, error_class)
+    SELECT f.id, f.epoch, f.attempt, coalesce(f.claimed_at, now()),
+           coalesce(f.claimed_at, now()), f.fenced_at, now(),
+           CASE WHEN f.gives_back THEN 'DEFER' WHEN f.waits THEN 'RETRY' ELSE f.state END,
+           coalesce(f.retry_reason, f.stop_reason), f.ref, f.error_class
+      FROM finished f
+    ON CONFLICT (action_id, epoch) DO UPDATE
+       SET fence_passed_at = coalesce(h.fence_passed_at, excluded.fence_passed_at),
+           ended_at = excluded.ended_at, result = excluded.result, reason = excluded.reason,
+           provider_ref = coalesce(excluded.provider_ref, h.provider_ref),
+           error_class = excluded.error_class
+), parked AS (
+    INSERT INTO {schema}.agent_action_parked_payload (action_id, payload)
+    SELECT o.id, o.payload
+      FROM finished f JOIN {schema}.agent_action o ON o.id = f.id
+     WHERE f.state IN ('UNCERTAIN', 'FAILED', 'CANCELLED') AND o.payload IS NOT NULL
+    ON CONFLICT (action_id) DO NOTHING
+)
+SELECT id, epoch FROM finished
 
 -- name: make_due
 -- Tests only (outbox.testing.drain): every admitted action that waits becomes due now.
@@ -347,6 +480,19 @@ SELECT coalesce(bool_or(state = 'EXECUTING' AND taken_epoch IS DISTINCT FROM epo
 -- Erasure: every action whose subject is the account is deleted.
 DELETE FROM {schema}.agent_action WHERE subject_account_id = %(account_id)s
 RETURNING id, state
+
+-- name: prune_preview
+-- What `prune_ended` would delete now, by kind and state (`outbox prune --dry-run`, and the
+-- counts it shows before it asks).
+SELECT kind, state, count(*) AS n FROM {schema}.agent_action
+ WHERE ended_at IS NOT NULL AND ended_at < now() - %(retention)s
+ GROUP BY kind, state ORDER BY kind, state
+
+-- name: erase_preview
+-- What `erase_subject` would delete now, by kind and state (`outbox erase --dry-run`).
+SELECT kind, state, count(*) AS n FROM {schema}.agent_action
+ WHERE subject_account_id = %(account_id)s
+ GROUP BY kind, state ORDER BY kind, state
 
 -- name: prune_ended
 -- Retention: a small batch of actions that ended more than the retention ago. SKIP LOCKED so a
@@ -410,12 +556,20 @@ SELECT h.kind, count(*) AS lanes
 SELECT kind, state, count(*) AS n FROM {schema}.agent_action GROUP BY kind, state ORDER BY kind, state
 
 -- name: latest_ended_in_state
--- Status: the most recently ended actions in one state, newest first, without their payload.
-SELECT id, kind, state, stop_reason, retry_reason, workspace_id, lane_key, attempt, max_attempts,
-       created_at, ended_at
-  FROM {schema}.agent_action
- WHERE ended_at IS NOT NULL AND state = %(state)s
- ORDER BY ended_at DESC, id DESC
+-- Status: the most recently ended actions in one state, newest first, without their payload,
+-- each with the provider reference its latest attempt recorded (an UNCERTAIN email's
+-- Message-ID) and a person's resolution, if any.
+SELECT a.id, a.kind, a.state, a.stop_reason, a.retry_reason, a.workspace_id, a.lane_key,
+       a.attempt, a.max_attempts, a.created_at, a.ended_at,
+       coalesce(a.readback_ref,
+                (SELECT h.provider_ref FROM {schema}.agent_action_attempt h
+                  WHERE h.action_id = a.id AND h.provider_ref IS NOT NULL
+                  ORDER BY h.epoch DESC LIMIT 1)) AS provider_ref,
+       r.outcome AS resolution, r.resolved_by
+  FROM {schema}.agent_action a
+  LEFT JOIN {schema}.agent_action_resolution r ON r.action_id = a.id
+ WHERE a.ended_at IS NOT NULL AND a.state = %(state)s
+ ORDER BY a.ended_at DESC, a.id DESC
  LIMIT %(limit)s
 
 -- name: lane_of_action
@@ -500,3 +654,279 @@ SELECT s.id, s.endpoint_url, s.consecutive_failures, s.disabled_at, s.disabled_r
   FROM {schema}.webhook_subscription s
  WHERE NOT s.enabled
  ORDER BY s.id
+
+-- name: attempts_of_action
+-- Operator: every attempt of an action on record, oldest first.
+SELECT action_id, epoch, attempt, claimed_at, taken_at, fence_passed_at, ended_at, result,
+       reason, provider_ref, error_class
+  FROM {schema}.agent_action_attempt
+ WHERE action_id = %(id)s
+ ORDER BY epoch
+
+-- name: resolution_of_action
+-- Operator: what a person recorded about an action.
+SELECT action_id, outcome, note, resolved_by, resolved_at
+  FROM {schema}.agent_action_resolution WHERE action_id = %(id)s
+
+-- name: links_of_action
+-- Operator: the resends and retries made from an action, and the one it was made from.
+SELECT from_id, to_id, relation, created_by, created_at
+  FROM {schema}.agent_action_link
+ WHERE from_id = %(id)s OR to_id = %(id)s
+ ORDER BY created_at, from_id, to_id
+
+-- name: parked_payload_exists
+-- Operator: whether an ended action still keeps a payload for a resend or retry.
+SELECT 1 AS parked FROM {schema}.agent_action_parked_payload WHERE action_id = %(id)s
+
+-- name: parked_payload_of
+-- Operator: the payload an ended action parked, for its resend or retry.
+SELECT payload FROM {schema}.agent_action_parked_payload WHERE action_id = %(id)s
+
+-- name: drop_parked_payload
+-- Operator: a decision was taken on an ended action; its parked payload is no longer needed.
+DELETE FROM {schema}.agent_action_parked_payload WHERE action_id = %(id)s
+
+-- name: prune_parked_payloads
+-- Maintenance: parked payloads older than their retention are dropped, a batch at a time.
+WITH old AS (
+    SELECT action_id FROM {schema}.agent_action_parked_payload
+     WHERE parked_at < now() - %(retention)s
+     ORDER BY parked_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.agent_action_parked_payload p USING old WHERE p.action_id = old.action_id
+RETURNING p.action_id
+
+-- name: resolve_action
+-- Operator: record a resolution, unless the action has one (then nothing is returned).
+INSERT INTO {schema}.agent_action_resolution (action_id, outcome, note, resolved_by)
+VALUES (%(id)s, %(outcome)s, %(note)s, %(actor)s)
+ON CONFLICT (action_id) DO NOTHING
+RETURNING action_id, outcome, note, resolved_by, resolved_at
+
+-- name: link_actions
+-- Operator: a resend or retry was made from an action.
+INSERT INTO {schema}.agent_action_link (from_id, to_id, relation, created_by)
+VALUES (%(from_id)s, %(to_id)s, %(relation)s, %(actor)s)
+ON CONFLICT DO NOTHING
+
+-- name: operator_end_waiting
+-- Operator: a waiting action in one of `states` ends CANCELLED with `reason`, its payload parked
+-- for a retry. A claimer that holds the row makes this wait and then find it EXECUTING (nothing
+-- returned); the old row's payload is read in the statement's snapshot (the update's own
+-- changes are invisible to its sibling).
+WITH ended AS (
+    UPDATE {schema}.agent_action a
+       SET state = 'CANCELLED', stop_reason = %(reason)s, payload = NULL, ended_at = now()
+     WHERE a.id = %(id)s AND a.state = ANY (%(states)s::text[])
+    RETURNING a.*
+), parked AS (
+    INSERT INTO {schema}.agent_action_parked_payload (action_id, payload)
+    SELECT o.id, o.payload
+      FROM ended JOIN {schema}.agent_action o ON o.id = ended.id
+     WHERE o.payload IS NOT NULL
+)
+SELECT *, false AS created FROM ended
+
+-- name: operator_audit_insert
+-- Operator: one audit row.
+INSERT INTO {schema}.outbox_operator_audit (actor, verb, action_id, kind, outcome, detail)
+VALUES (%(actor)s, %(verb)s, %(action_id)s, %(kind)s, %(outcome)s, %(detail)s)
+
+-- name: operator_audit_recent
+-- Operator: the latest audit rows, newest first, of one action or of all.
+SELECT id, at, actor, verb, action_id, kind, outcome, detail
+  FROM {schema}.outbox_operator_audit
+ WHERE %(action_id)s::bigint IS NULL OR action_id = %(action_id)s::bigint
+ ORDER BY id DESC
+ LIMIT %(limit)s
+
+-- name: kind_exists
+-- Operator: whether a kind is declared.
+SELECT 1 AS known FROM {schema}.agent_action_kind WHERE name = %(kind)s
+
+-- name: pause_kind
+-- Operator: pause a kind (nothing returned when it is paused already).
+INSERT INTO {schema}.agent_action_kind_pause (kind, paused_by, note)
+VALUES (%(kind)s, %(actor)s, %(note)s)
+ON CONFLICT (kind) DO NOTHING
+RETURNING kind, paused_by, paused_at, note
+
+-- name: pause_of_kind
+-- Operator: one kind's pause.
+SELECT kind, paused_by, paused_at, note FROM {schema}.agent_action_kind_pause
+ WHERE kind = %(kind)s
+
+-- name: resume_kind
+-- Operator: resume a paused kind.
+DELETE FROM {schema}.agent_action_kind_pause WHERE kind = %(kind)s RETURNING kind
+
+-- name: paused_kinds
+-- Operator, status: the paused kinds.
+SELECT kind, paused_by, paused_at, note FROM {schema}.agent_action_kind_pause ORDER BY kind
+
+-- name: bulk_count
+-- Operator: how many actions a bulk filter matches that its verb applies to (bulk_matching_ids
+-- without the ids). An empty array matches everything; the reason is the stop reason, or the
+-- last retry's reason of a waiting action.
+SELECT count(*) AS n FROM (
+    SELECT a.id
+      FROM {schema}.agent_action a
+     WHERE a.state = ANY (%(states)s::text[])
+       AND (cardinality(%(kinds)s::text[]) = 0 OR a.kind = ANY (%(kinds)s::text[]))
+       AND (cardinality(%(reasons)s::text[]) = 0
+            OR coalesce(a.stop_reason, a.retry_reason) = ANY (%(reasons)s::text[]))
+       AND (cardinality(%(lanes)s::text[]) = 0 OR a.lane_key = ANY (%(lanes)s::text[]))
+       AND (%(created_from)s::timestamptz IS NULL OR a.created_at >= %(created_from)s::timestamptz)
+       AND (%(created_to)s::timestamptz IS NULL OR a.created_at < %(created_to)s::timestamptz)
+       AND (%(ended_from)s::timestamptz IS NULL OR a.ended_at >= %(ended_from)s::timestamptz)
+       AND (%(ended_to)s::timestamptz IS NULL OR a.ended_at < %(ended_to)s::timestamptz)
+       AND NOT (%(unresolved)s AND EXISTS (
+                SELECT 1 FROM {schema}.agent_action_resolution r WHERE r.action_id = a.id))
+       AND NOT (%(not_delivered_only)s AND EXISTS (
+                SELECT 1 FROM {schema}.agent_action_resolution r
+                 WHERE r.action_id = a.id AND r.outcome = 'DELIVERED'))
+       AND NOT (%(unlinked)s::text IS NOT NULL AND EXISTS (
+                SELECT 1 FROM {schema}.agent_action_link k
+                 WHERE k.from_id = a.id AND k.relation = %(unlinked)s::text))
+     ORDER BY a.id
+     LIMIT %(limit)s
+) matched
+
+-- name: bulk_matching_ids
+-- Operator: the ids bulk_count counts, in id order.
+SELECT a.id
+  FROM {schema}.agent_action a
+ WHERE a.state = ANY (%(states)s::text[])
+   AND (cardinality(%(kinds)s::text[]) = 0 OR a.kind = ANY (%(kinds)s::text[]))
+   AND (cardinality(%(reasons)s::text[]) = 0
+        OR coalesce(a.stop_reason, a.retry_reason) = ANY (%(reasons)s::text[]))
+   AND (cardinality(%(lanes)s::text[]) = 0 OR a.lane_key = ANY (%(lanes)s::text[]))
+   AND (%(created_from)s::timestamptz IS NULL OR a.created_at >= %(created_from)s::timestamptz)
+   AND (%(created_to)s::timestamptz IS NULL OR a.created_at < %(created_to)s::timestamptz)
+   AND (%(ended_from)s::timestamptz IS NULL OR a.ended_at >= %(ended_from)s::timestamptz)
+   AND (%(ended_to)s::timestamptz IS NULL OR a.ended_at < %(ended_to)s::timestamptz)
+   AND NOT (%(unresolved)s AND EXISTS (
+            SELECT 1 FROM {schema}.agent_action_resolution r WHERE r.action_id = a.id))
+   AND NOT (%(not_delivered_only)s AND EXISTS (
+            SELECT 1 FROM {schema}.agent_action_resolution r
+             WHERE r.action_id = a.id AND r.outcome = 'DELIVERED'))
+   AND NOT (%(unlinked)s::text IS NOT NULL AND EXISTS (
+            SELECT 1 FROM {schema}.agent_action_link k
+             WHERE k.from_id = a.id AND k.relation = %(unlinked)s::text))
+ ORDER BY a.id
+ LIMIT %(limit)s
+
+-- name: heartbeat
+-- Processes: a claimer or worker says it is alive (and how much it has in flight).
+INSERT INTO {schema}.outbox_process
+    (process_id, role, host, pid, kinds, started_at, last_seen, in_flight)
+VALUES (%(process_id)s, %(role)s, %(host)s, %(pid)s, %(kinds)s, %(started_at)s, now(),
+        %(in_flight)s)
+ON CONFLICT (process_id) DO UPDATE
+   SET last_seen = now(), in_flight = excluded.in_flight, kinds = excluded.kinds
+
+-- name: process_gone
+-- Processes: a process that stops cleanly takes its row away.
+DELETE FROM {schema}.outbox_process WHERE process_id = %(process_id)s
+
+-- name: live_processes
+-- Processes: those whose last heartbeat is at most `within` old, claimers first.
+SELECT process_id, role, host, pid, kinds, started_at, last_seen, in_flight,
+       extract(epoch FROM now() - last_seen)::float8 AS age
+  FROM {schema}.outbox_process
+ WHERE last_seen >= now() - %(within)s
+ ORDER BY role, host, pid
+
+-- name: prune_stale_processes
+-- Maintenance: rows of processes silent for longer than `stale` are deleted.
+DELETE FROM {schema}.outbox_process WHERE last_seen < now() - %(stale)s RETURNING process_id
+
+-- name: console_actions_page
+-- Console: one page of actions, newest first, under the filters given (NULL = any), below the
+-- keyset `before` (an id). Run unprepared, so each filter left NULL folds away at plan time and
+-- the planner picks the index of the filters that are set. Never the payload.
+SELECT id, kind, state, workspace_id, lane_key, idempotency_key, subject_account_id, attempt,
+       max_attempts, stop_reason, retry_reason, available_at, created_at, ended_at
+  FROM {schema}.agent_action
+ WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+   AND (%(reason)s::text IS NULL OR coalesce(stop_reason, retry_reason) = %(reason)s::text)
+   AND (%(lane_key)s::text IS NULL OR lane_key = %(lane_key)s::text)
+   AND (%(idempotency_key)s::text IS NULL OR idempotency_key = %(idempotency_key)s::text)
+   AND (%(subject)s::text IS NULL OR subject_account_id = %(subject)s::text)
+   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+   AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s::timestamptz)
+   AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+ ORDER BY id DESC
+ LIMIT %(limit)s
+
+-- name: console_actions_count
+-- Console: how many actions the filters match (a bulk action's confirmation shows it first).
+SELECT count(*) AS n
+  FROM {schema}.agent_action
+ WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+   AND (%(reason)s::text IS NULL OR coalesce(stop_reason, retry_reason) = %(reason)s::text)
+   AND (%(lane_key)s::text IS NULL OR lane_key = %(lane_key)s::text)
+   AND (%(idempotency_key)s::text IS NULL OR idempotency_key = %(idempotency_key)s::text)
+   AND (%(subject)s::text IS NULL OR subject_account_id = %(subject)s::text)
+   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+   AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s::timestamptz)
+
+-- name: console_outcomes_per_minute
+-- Console: actions that ended in each of the last 60 minutes, by final state (reads
+-- ix_agent_action_ended); `minute` counts back from the current one (0 = this minute).
+SELECT (extract(epoch FROM date_trunc('minute', now()) - date_trunc('minute', ended_at)) / 60)::int
+           AS minute,
+       state, count(*) AS n
+  FROM {schema}.agent_action
+ WHERE ended_at IS NOT NULL AND ended_at >= date_trunc('minute', now()) - interval '59 minutes'
+ GROUP BY 1, 2
+
+-- name: console_blocked_lanes
+-- Console: lanes whose head cannot run now, oldest head first, each with why: the action that
+-- holds the lane and its lease, an erased write's hold, or the head's own wait for a retry or
+-- an admission, or its kind is paused; and how many actions wait in the lane (counted up to
+-- 1000).
+SELECT l.lane_key, l.busy_until, now() AS db_now,
+       h.id AS head_id, h.kind AS head_kind, h.state AS head_state, h.attempt AS head_attempt,
+       h.max_attempts AS head_max_attempts, h.retry_reason AS head_retry_reason,
+       h.available_at AS head_available_at, h.created_at AS head_created_at,
+       x.id AS holder_id, x.kind AS holder_kind, x.attempt AS holder_attempt,
+       x.lease_until AS holder_lease_until, x.write_started_at AS holder_write_started_at,
+       (SELECT count(*) FROM (SELECT 1 FROM {schema}.agent_action w
+                               WHERE w.lane_key = l.lane_key
+                                 AND w.state IN ('PROPOSED', 'ADMITTED')
+                               LIMIT 1000) c) AS waiting,
+       p.paused_by AS head_kind_paused_by
+  FROM {schema}.agent_action_lane l
+  JOIN {schema}.agent_action h ON h.id = l.head_id
+  LEFT JOIN {schema}.agent_action x ON x.id = l.executing_id
+  LEFT JOIN {schema}.agent_action_kind_pause p ON p.kind = h.kind
+ WHERE l.executing_id IS NOT NULL
+    OR l.busy_until > now()
+    OR h.state = 'PROPOSED'
+    OR (h.attempt > 0 AND h.available_at > now())
+    OR p.kind IS NOT NULL
+ ORDER BY l.head_id
+ LIMIT %(limit)s
+
+-- name: console_uncertain_page
+-- Console: UNCERTAIN actions, newest first below the keyset `before`, each with the provider's
+-- reference of its latest attempt that recorded one (for email the Message-ID) and its
+-- resolution, if a person recorded one.
+SELECT a.id, a.kind, a.lane_key, a.stop_reason, a.attempt, a.max_attempts, a.ended_at,
+       p.provider_ref, r.outcome AS resolution, r.resolved_by, r.resolved_at
+  FROM {schema}.agent_action a
+  LEFT JOIN LATERAL (SELECT t.provider_ref FROM {schema}.agent_action_attempt t
+                      WHERE t.action_id = a.id AND t.provider_ref IS NOT NULL
+                      ORDER BY t.epoch DESC LIMIT 1) p ON true
+  LEFT JOIN {schema}.agent_action_resolution r ON r.action_id = a.id
+ WHERE a.state = 'UNCERTAIN'
+   AND (%(unresolved)s::boolean IS NOT TRUE OR r.action_id IS NULL)
+   AND (%(before)s::bigint IS NULL OR a.id < %(before)s::bigint)
+ ORDER BY a.id DESC
+ LIMIT %(limit)s

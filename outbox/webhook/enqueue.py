@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from psycopg import AsyncConnection
-
-from outbox._io import Operation, psycopg_connection, run_async, run_sync
+from outbox._io import Operation
 from outbox.action import Action
+from outbox.connectors import run_async_on, run_sync_on
 from outbox.enqueuing import default_schema, enqueue_many_operation
 from outbox.errors import InvalidActionRequest
 from outbox.kinds import WEBHOOK
@@ -125,11 +124,11 @@ def enqueue_webhook(
         expires_at=expires_at,
         max_payload_bytes=max_payload_bytes,
     )
-    return run_sync(psycopg_connection(conn, "enqueue_webhook", "enqueue_webhook_async"), op)
+    return run_sync_on(conn, op, "enqueue_webhook", "enqueue_webhook_async")
 
 
 async def enqueue_webhook_async(
-    conn: AsyncConnection[Any],
+    conn: Any,
     event_type: str,
     data: Mapping[str, Any],
     *,
@@ -149,4 +148,4 @@ async def enqueue_webhook_async(
         expires_at=expires_at,
         max_payload_bytes=max_payload_bytes,
     )
-    return await run_async(conn, op)
+    return await run_async_on(conn, op, "enqueue_webhook_async", "enqueue_webhook")
