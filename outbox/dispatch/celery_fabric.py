@@ -21,9 +21,11 @@ How Celery's delivery semantics meet the outbox's epochs (the task options ``ins
   its lease (the executor ends it at the lease anyway); ``time_limit`` a little later ends the
   process of one that did not cancel.
 
-The worker process's event loop and pool start on a process's first message (``WorkerRuntime``
-checks the pid), so a prefork parent never opens one its children would inherit; they close
-when the process (``worker_process_shutdown``) or the worker (``worker_shutdown``) stops. With
+A worker process's event loop and pool (and its heartbeat) start once it consumes an outbox
+queue: in each prefork child after its fork (``worker_process_init``), in the worker's own
+process for a thread pool (``worker_ready``), else on a process's first message; a prefork
+parent never opens one its children would inherit (``WorkerRuntime`` checks the pid). They
+close when the process (``worker_process_shutdown``) or the worker (``worker_shutdown``) stops. With
 ``OUTBOX_METRICS_PORT`` the worker's main process serves the outbox's metrics once it is ready
 (``worker_ready``), every prefork child's included when ``PROMETHEUS_MULTIPROC_DIR`` is set
 (``outbox worker --fabric celery`` sets it).
@@ -238,15 +240,31 @@ def install(
         runtime.stop()
         metrics.mark_process_dead()
 
-    def serve_metrics(**_: Any) -> None:
+    def consumes_outbox_queue() -> bool:
+        # The worker's -Q selection (empty: every queue it knows); set before a prefork fork.
+        selected = set(app.amqp.queues.consume_from or app.amqp.queues)
+        return bool(selected & set(dispatch.queues))
+
+    def start_in_child(**_: Any) -> None:
+        # A prefork child, after the fork: its own loop and pool (and heartbeat) now, so an
+        # idle worker is seen live, rather than on its first message.
+        if consumes_outbox_queue():
+            runtime.start()
+
+    def worker_ready(sender: Any = None, **_: Any) -> None:
         # In the worker's main process once it consumes (never in a claimer that installed the
         # tasks): prefork children share ``PROMETHEUS_MULTIPROC_DIR`` when it is set.
         if outbox.settings.metrics_port:
             metrics.start_metrics_server(outbox.settings.metrics_port)
+        pool = getattr(getattr(sender, "controller", None), "pool_cls", None)
+        in_process = "prefork" not in str(getattr(pool, "__module__", pool)).lower()
+        if in_process and consumes_outbox_queue():
+            runtime.start()  # a thread or solo pool runs the tasks in this process
 
     # Celery's signals are process-wide: the handlers are kept (weak=False) for the app's life.
     signals.worker_process_shutdown.connect(process_ended, weak=False)
     signals.worker_shutdown.connect(stop_runtime, weak=False)
-    signals.worker_ready.connect(serve_metrics, weak=False)
+    signals.worker_process_init.connect(start_in_child, weak=False)
+    signals.worker_ready.connect(worker_ready, weak=False)
     _installed[outbox] = dispatch
     return dispatch
