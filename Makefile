@@ -46,4 +46,4 @@ COMPILE := $(UV) pip compile pyproject.toml --universal --python-version 3.11 --
 lock: install
 	$(BIN)/pip install -q 'uv==0.13.9'
 	$(COMPILE) --extra test --extra embedded -o constraints.txt
-	$(COMPILE) -c constraints.txt --generate-hashes -o requirements-image.txt
+	$(COMPILE) --extra celery -c constraints.txt --generate-hashes -o requirements-image.txt

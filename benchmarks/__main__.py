@@ -21,6 +21,8 @@ SCENARIOS: dict[str, str] = {
     "inprocess": "benchmarks.inprocess",
     "dramatiq-raw": "benchmarks.dramatiq_raw",
     "e2e": "benchmarks.e2e",
+    "celery-raw": "benchmarks.celery_raw",
+    "e2e-celery": "benchmarks.e2e:run_celery",
     "latency": "benchmarks.latency",
     "hot-lane": "benchmarks.hot_lane",
     "wal": "benchmarks.wal",

@@ -9,7 +9,9 @@ ratio is taken in rounds: each round measures ``dramatiq-raw`` (the ceiling) and
 back to back, and ``ratio`` is the median of the rounds' ratios.
 
 - ``e2e``: the application enqueues with ``enqueue_many`` (one statement a transaction);
-- ``e2e-single``: one ``enqueue`` call an action (100 a transaction), fewer rounds.
+- ``e2e-single``: one ``enqueue`` call an action (100 a transaction), fewer rounds;
+- ``e2e-celery``: as ``e2e``, through the Celery fabric (``OUTBOX_FABRIC=celery``, Celery
+  workers of the same layout), against ``celery-raw``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import psycopg
 from benchmarks import dramatiq_raw
 from benchmarks.common import (
     DATABASE_URL,
+    NOOP,
     Result,
     Scale,
     bench_schema,
@@ -75,13 +78,16 @@ def _enqueue(outbox: Outbox, n: int, many: bool) -> None:
             conn.commit()
 
 
-def run_once(n: int, ceiling_per_s: float, *, many: bool) -> Run:
+def run_once(n: int, ceiling_per_s: float, *, many: bool, fabric: str = "dramatiq") -> Run:
     """Enqueues ``n`` actions into a fresh schema while a claimer and a worker pool run them."""
-    with bench_schema("e2e") as schema, rig(schema) as r:
+    with bench_schema("e2e") as schema, rig(schema, OUTBOX_FABRIC=fabric) as r:
         outbox = migrated_outbox(schema)
-        cpu = CpuMeter(
-            workers=r.outbox_workers().pid, claimer=r.claimer().pid, enqueuer=os.getpid()
-        )
+        if fabric == "celery":
+            pids = r.outbox_celery_workers(NOOP.queue_name)
+            workers = {f"workers{i}": pid for i, pid in enumerate(pids)}
+        else:
+            workers = {"workers": r.outbox_workers().pid}
+        cpu = CpuMeter(claimer=r.claimer().pid, enqueuer=os.getpid(), **workers)
         with psycopg.connect(DATABASE_URL, autocommit=True) as watch:
             table = f'"{schema}".agent_action'
 
@@ -118,7 +124,7 @@ def run_once(n: int, ceiling_per_s: float, *, many: bool) -> Run:
     )
 
 
-def _result(scenario: str, runs: list[Run], enqueue: str) -> Result:
+def _result(scenario: str, runs: list[Run], enqueue: str, ratio_to: str = "dramatiq-raw") -> Result:
     ratios = [run.ratio for run in runs]
     median = sorted(runs, key=lambda run: run.ratio)[len(runs) // 2]
     return Result(
@@ -128,7 +134,7 @@ def _result(scenario: str, runs: list[Run], enqueue: str) -> Result:
         p50_ms=ms(percentile(median.in_system, 50)),
         p99_ms=ms(percentile(median.in_system, 99)),
         ratio=round(statistics.median(ratios), 3),
-        ratio_to="dramatiq-raw",
+        ratio_to=ratio_to,
         extra={
             "enqueue": enqueue,
             "rounds": len(runs),
@@ -159,3 +165,16 @@ def run(scale: Scale) -> list[Result]:
         _result("e2e", runs, f"enqueue_many, {PER_TX} a transaction"),
         _result("e2e-single", singles, f"enqueue one by one, {PER_TX} a transaction"),
     ]
+
+
+def run_celery(scale: Scale) -> list[Result]:
+    """``e2e-celery``: rounds of ``celery-raw`` then ``e2e`` through the Celery fabric."""
+    from benchmarks import celery_raw
+
+    raw = celery_raw.measure(scale)
+    n = dramatiq_raw.raw_n(scale)
+    runs: list[Run] = []
+    for index in range(scale.n(*ROUNDS)):
+        ceiling = raw.per_s if index == 0 else celery_raw.throughput(n).per_s
+        runs.append(run_once(n, ceiling, many=True, fabric="celery"))
+    return [_result("e2e-celery", runs, f"enqueue_many, {PER_TX} a transaction", "celery-raw")]

@@ -17,11 +17,18 @@ from pathlib import Path
 import redis
 
 from benchmarks.common import DATABASE_URL, REDIS_URL, RUN_ID
-from outbox.dispatch.processes import WORKER_READY, OutboxProcess, start_claimer, start_worker
+from outbox.dispatch.processes import (
+    WORKER_READY,
+    OutboxProcess,
+    start_celery_worker,
+    start_claimer,
+    start_worker,
+)
 
 REPO = str(Path(__file__).resolve().parent.parent)
 APP = "benchmarks.apps:outbox_app"
 RAW_APP = "benchmarks.apps:raw_broker"
+RAW_CELERY_APP = "benchmarks.celery_apps:raw"
 
 #: Worker processes and threads of every pool: one process a core on this 2-core machine, and
 #: threads enough that an I/O-bound actor (each outbox attempt waits on three short statements)
@@ -71,6 +78,30 @@ class Rig:
         return self._keep(
             start_worker(APP, self.env(), processes=PROCESSES, threads=THREADS, cwd=REPO)
         )
+
+    def outbox_celery_workers(self, queue: str) -> list[int]:
+        """The Celery fabric's pool: ``PROCESSES`` Celery workers of ``THREADS`` threads (a
+        Celery worker runs one pool kind, so the layout is the Dramatiq pool's). Their pids."""
+        env = {**self.env(), "OUTBOX_APP": APP}
+        return [
+            self._keep(start_celery_worker(env, queues=[queue], concurrency=THREADS, cwd=REPO)).pid
+            for _ in range(PROCESSES)
+        ]
+
+    def raw_celery_workers(self, queue: str) -> list[int]:
+        """``celery-raw``'s pool: the same layout, the raw task only."""
+        return [
+            self._keep(
+                start_celery_worker(
+                    self.env(),
+                    celery_app=RAW_CELERY_APP,
+                    queues=[queue],
+                    concurrency=THREADS,
+                    cwd=REPO,
+                )
+            ).pid
+            for _ in range(PROCESSES)
+        ]
 
     def claimer(self) -> OutboxProcess:
         return self._keep(start_claimer(APP, self.env(), cwd=REPO))

@@ -21,6 +21,8 @@ ENV_PREFIX = "OUTBOX_"
 #: Broker URL schemes: Redis (the default broker) and RabbitMQ.
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 RABBITMQ_SCHEMES = ("amqp", "amqps")
+#: Dispatch fabrics (``fabric``): the claimer pushes onto one, ``outbox worker`` runs it.
+FABRICS = ("dramatiq", "celery")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +36,14 @@ class Settings:
     database_url: str | None = None
     #: The PostgreSQL schema that holds the outbox's tables.
     schema: str = "outbox"
-    #: Dramatiq broker URL: redis://... (the default broker) or amqp://...
+    #: Broker URL: redis://... (the default broker) or amqp://...
     broker_url: str | None = None
+    #: The dispatch fabric the claimer pushes to and ``outbox worker`` runs: ``dramatiq`` or
+    #: ``celery`` (docs/celery.md). Both carry the same messages with the same guarantees.
+    fabric: str = "dramatiq"
+    #: ``module:attribute`` of an existing Celery app the Celery fabric publishes through (its
+    #: broker and transport options); unset, the outbox builds one on ``broker_url``.
+    celery_app: str | None = None
     #: How long a claim owns an action. Long enough for the slowest provider call plus the queue
     #: wait the in-flight bound allows; a crash costs at most this much delay.
     lease: timedelta = timedelta(minutes=5)
@@ -119,6 +127,11 @@ class Settings:
     def __post_init__(self) -> None:
         validate_schema(self.schema)
         parse_limits(self.limits)  # refuses a malformed or hostile value before anything runs
+        if self.fabric not in FABRICS:
+            raise ConfigurationError(
+                f"{env_name('fabric')} (--fabric): {self.fabric!r} is not one of "
+                f"{', '.join(FABRICS)}"
+            )
         if self.write_margin >= self.lease:
             raise ConfigurationError(
                 f"write_margin ({self.write_margin}) must be shorter than the lease ({self.lease})"

@@ -27,11 +27,17 @@ from tests.services import missing_service
 
 
 @pytest.mark.slow
-def test_short_soak_under_sigkills_restarts_and_a_pool_outage_keeps_every_guarantee() -> None:
+@pytest.mark.parametrize("fabric", ["dramatiq", "celery"])
+def test_short_soak_under_sigkills_restarts_and_a_pool_outage_keeps_every_guarantee(
+    fabric: str,
+) -> None:
     missing = servers.missing_binaries()
     if missing:
         missing_service(missing)
-    outcome = run(Options(actions=2500, duration=40.0, kill_interval=3.0, seed=3, erasures=4))
+    options = Options(
+        actions=2500, duration=40.0, kill_interval=3.0, seed=3, erasures=4, fabric=fabric
+    )
+    outcome = run(options)
     print("\n" + outcome.table)
     failed = [c for c in outcome.checks if not c.ok]
     assert not failed, outcome.table

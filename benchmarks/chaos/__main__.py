@@ -1,6 +1,7 @@
 """``python -m benchmarks.chaos [--short] [--actions N] [--duration S] [--kill-interval S]
-[--seed N] [--shared-servers] [--no-faults]``: the chaos soak. Prints its table on stdout; exits
-1 when a check failed. It runs on a PostgreSQL and a Redis of its own unless ``--shared-servers``
+[--seed N] [--shared-servers] [--no-faults] [--fabric celery]``: the chaos soak (on the
+Dramatiq fabric unless ``--fabric celery``). Prints its table on stdout; exits 1 when a check
+failed. It runs on a PostgreSQL and a Redis of its own unless ``--shared-servers``
 (then on ``--database-url`` and ``--broker-url``, without server restarts)."""
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
         help="random SIGKILLs only: no server restart, no worker-pool outage",
     )
     parser.add_argument(
+        "--fabric",
+        choices=("dramatiq", "celery"),
+        default="dramatiq",
+        help="the dispatch fabric the fleet runs on (Celery: on the same Redis)",
+    )
+    parser.add_argument(
         "--database-url",
         default=os.environ.get("OUTBOX_CHAOS_DATABASE_URL", DEFAULT_DATABASE_URL),
     )
@@ -58,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         keep=args.keep,
         private_servers=not args.shared_servers,
         faults=not args.no_faults,
+        fabric=args.fabric,
     )
     outcome = run(options)
     print(outcome.table, flush=True)

@@ -97,6 +97,10 @@ class RecordedAdapter:
         )
 
 
+#: The soak's kinds' queues (a Celery worker is given them by name).
+QUEUES = [kind.queue_name for kind in (EMAIL, WEBHOOK, ISSUE_COMMENT, CHAT_REPLY)]
+
+
 def build(database_url: str, schema: str, watch: str) -> Outbox:
     outbox = Outbox(database_url, schema=schema)
     recorder = Recorder(database_url, watch)

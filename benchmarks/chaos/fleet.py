@@ -1,7 +1,9 @@
 """The claimer and worker processes of the soak: started, SIGKILLed at random, replaced.
 
 Each process is a session of its own (``outbox.dispatch.processes``), so a SIGKILL takes a
-``dramatiq`` master down with its worker processes at once, as a crashed machine would. Every
+``dramatiq`` (or ``celery worker``) master down with its worker processes at once, as a crashed
+machine would. On the Celery fabric (``OUTBOX_FABRIC=celery`` in the environment) each worker is
+a ``celery worker`` of ``WORKER_THREADS`` threads. Every
 end of a process (kill, or the clean stop at the end) is committed to ``<watch>.process_end``
 with the database clock just before and just after the signal, keyed by the process group id
 that the adapters record with each attempt. A worker-pool outage SIGKILLs every worker and
@@ -18,7 +20,13 @@ from typing import Any
 
 import psycopg
 
-from outbox.dispatch.processes import OutboxProcess, start_claimer, start_worker
+from benchmarks.chaos.app import QUEUES
+from outbox.dispatch.processes import (
+    OutboxProcess,
+    start_celery_worker,
+    start_claimer,
+    start_worker,
+)
 
 #: The soak's application, as the processes load it.
 APP = "benchmarks.chaos.app:make_outbox"
@@ -35,7 +43,8 @@ class Member:
 
 
 class Fleet:
-    """``claimers`` claimer processes and ``workers`` one-process dramatiq worker pools."""
+    """``claimers`` claimer processes and ``workers`` one-process dramatiq (or Celery) worker
+    pools."""
 
     def __init__(
         self,
@@ -58,6 +67,14 @@ class Fleet:
     def _spawn(self, role: str, wait: bool) -> Member:
         if role == "claimer":
             proc = start_claimer(APP, self.env, cwd=self.cwd, wait=wait)
+        elif self.env.get("OUTBOX_FABRIC") == "celery":
+            proc = start_celery_worker(
+                {**self.env, "OUTBOX_APP": APP},
+                queues=QUEUES,
+                concurrency=WORKER_THREADS,
+                cwd=self.cwd,
+                wait=wait,
+            )
         else:
             proc = start_worker(
                 APP, self.env, processes=1, threads=WORKER_THREADS, cwd=self.cwd, wait=wait

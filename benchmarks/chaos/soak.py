@@ -76,6 +76,8 @@ class Options:
     private_servers: bool = True
     #: Inject the scheduled faults (``faults``) besides the random SIGKILLs.
     faults: bool = True
+    #: The dispatch fabric the fleet runs on: ``dramatiq`` or ``celery`` (Celery on Redis).
+    fabric: str = "dramatiq"
 
 
 @dataclass
@@ -96,6 +98,7 @@ def _env(o: Options, s: Schemas, smtp_port: int, http_port: int) -> dict[str, st
         "OUTBOX_DATABASE_URL": o.database_url,
         "OUTBOX_SCHEMA": s.outbox,
         "OUTBOX_BROKER_URL": o.broker_url,
+        "OUTBOX_FABRIC": o.fabric,
         "OUTBOX_SMTP_URL": f"smtp://127.0.0.1:{smtp_port}?timeout=5",
         "OUTBOX_SMTP_SENDER": SENDER,
         "OUTBOX_LEASE_SECONDS": str(o.lease),

@@ -11,11 +11,10 @@ be scaled by a worker pool of its own.
 from __future__ import annotations
 
 import copy
-import logging
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import dramatiq
 from dramatiq import Actor, Broker, Message
@@ -23,10 +22,12 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 
 from outbox.dispatch.broker import default_broker
+from outbox.dispatch.fabric import batches, deliver, even_chunks
 from outbox.dispatch.health_watch import ConsumerHealth
+from outbox.dispatch.pushing import check_broker
 from outbox.dispatch.runtime import WorkerRuntime
 from outbox.fence_token import BIGINT_MAX, FenceToken
-from outbox.metrics import MetricsExposition, record_malformed_message
+from outbox.metrics import MetricsExposition
 
 if TYPE_CHECKING:
     from outbox.outbox import Outbox
@@ -34,16 +35,13 @@ if TYPE_CHECKING:
 #: Dramatiq actor names: one per kind, e.g. ``outbox_email``.
 ACTOR_PREFIX = "outbox_"
 
-__all__ = ["ACTOR_PREFIX", "BIGINT_MAX", "Dispatch", "install", "installed"]
-
-log = logging.getLogger("outbox.dispatch")
-
-T = TypeVar("T")
+__all__ = ["ACTOR_PREFIX", "BIGINT_MAX", "Dispatch", "even_chunks", "install", "installed"]
 
 
 @dataclass
 class Dispatch:
-    """What ``install`` joined to a broker: its actors (by kind name) and the worker runtime."""
+    """What ``install`` joined to a broker: its actors (by kind name) and the worker runtime.
+    The Dramatiq ``Fabric`` (``outbox.dispatch.fabric``)."""
 
     outbox: Outbox
     broker: Broker
@@ -51,8 +49,18 @@ class Dispatch:
     actors: dict[str, Actor[Any, Any]] = field(default_factory=dict)
 
     @property
+    def kinds(self) -> list[str]:
+        return sorted(self.actors)
+
+    @property
     def queues(self) -> list[str]:
         return sorted(actor.queue_name for actor in self.actors.values())
+
+    def check_broker(self) -> None:
+        check_broker(self.broker)
+
+    def push_batch(self, kind: str, tokens: Sequence[FenceToken]) -> None:
+        self.broker.enqueue(self.message(kind, tokens))
 
     def message(self, kind: str, tokens: Sequence[FenceToken]) -> Message[Any]:
         """The message of ``tokens`` of one kind: its arguments are the tokens flattened
@@ -60,18 +68,9 @@ class Dispatch:
         return self.actors[kind].message(*FenceToken.to_args(tokens))
 
     def messages(self, items: Iterable[tuple[str, FenceToken]]) -> list[Message[Any]]:
-        """``(kind, token)`` items as messages: per kind, in chunks of at most
-        ``actions_per_message`` of even size (7 actions at 4 a message go 4 + 3, 9 go 3 + 3 + 3),
-        so a round's work spreads over as many messages as it needs and no more."""
-        by_kind: dict[str, list[FenceToken]] = {}
-        for kind, token in items:
-            by_kind.setdefault(kind, []).append(token)
+        """``(kind, token)`` items as messages of at most ``actions_per_message`` (``batches``)."""
         per_message = self.outbox.settings.actions_per_message
-        return [
-            self.message(kind, chunk)
-            for kind, tokens in by_kind.items()
-            for chunk in even_chunks(tokens, per_message)
-        ]
+        return [self.message(kind, tokens) for kind, tokens in batches(items, per_message)]
 
     def push(self, kind: str, token: FenceToken) -> None:
         """Puts one ``(action_id, epoch)`` message on the kind's queue."""
@@ -99,19 +98,6 @@ class Dispatch:
                 broker.enqueue(message)
             pipe.execute()
         return messages
-
-
-def even_chunks(items: Sequence[T], most: int) -> Iterator[Sequence[T]]:
-    """``items`` in the fewest chunks of at most ``most``, their sizes differing by one at most."""
-    if not items:
-        return
-    count = -(-len(items) // most)
-    size, larger = divmod(len(items), count)
-    start = 0
-    for index in range(count):
-        end = start + size + (1 if index < larger else 0)
-        yield items[start:end]
-        start = end
 
 
 def _pipelined_redis(broker: Broker) -> tuple[Broker, Any] | None:
@@ -175,24 +161,8 @@ def actor_options(outbox: Outbox, broker: Broker) -> dict[str, Any]:
 
 def _actor_fn(runtime: WorkerRuntime, kind: str) -> Callable[..., None]:
     def run_action(*args: Any) -> None:
-        try:
-            tokens = FenceToken.from_args(args)
-        except ValueError:
-            # Not the claimer's: dropped here, before its values reach a statement shared with
-            # other messages; returning (not raising) keeps Dramatiq from retrying it.
-            record_malformed_message(kind)
-            log.error(
-                "dropped a malformed message for kind %s: %s values of types %s "
-                "(wanted (action_id, epoch) pairs of ints in 1..2**63-1)",
-                kind,
-                len(args),
-                sorted({type(value).__name__ for value in args}),
-            )
-            return
-        if len(tokens) > 1:
-            runtime.run_many(kind, tokens)
-        else:
-            runtime.run(kind, tokens[0])
+        # A malformed message returns (is dropped by name): Dramatiq never retries it.
+        deliver(runtime, kind, args)
 
     run_action.__name__ = f"{ACTOR_PREFIX}{kind.lower()}"
     run_action.__qualname__ = run_action.__name__

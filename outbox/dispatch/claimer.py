@@ -30,12 +30,11 @@ from psycopg import sql
 from outbox import metrics
 from outbox._io import Operation, Statement, run_async
 from outbox.connecting import CONNECTION_OPTIONS, one_line, wait_for_database
-from outbox.dispatch.actors import Dispatch
 from outbox.dispatch.claim_guard import ClaimLockBusy, enter_claim_round
 from outbox.dispatch.consumption import ConsumptionWatch
+from outbox.dispatch.fabric import Fabric, batches
 from outbox.dispatch.heartbeat import Heartbeat
 from outbox.dispatch.pushing import BrokerGate, OffLoop
-from outbox.fence_token import FenceToken
 from outbox.health import ProcessHealth, process_health, start_health_server
 from outbox.limits import KindLimits
 from outbox.maintenance import Maintenance
@@ -169,11 +168,12 @@ def bounded_claim_operation(
 
 
 class Claimer:
-    """One claimer replica for the kinds of ``dispatch`` (all its actors, or ``kinds``)."""
+    """One claimer replica for the kinds of ``dispatch`` (a ``Fabric``: Dramatiq's ``Dispatch``
+    or Celery's; all its kinds, or ``kinds``)."""
 
     def __init__(
         self,
-        dispatch: Dispatch,
+        dispatch: Fabric,
         store: Store,
         *,
         kinds: Iterable[str] | None = None,
@@ -182,8 +182,8 @@ class Claimer:
         self.dispatch = dispatch
         self.store = store
         self.settings = dispatch.outbox.settings
-        self.kinds = sorted(kinds if kinds is not None else dispatch.actors)
-        unknown = set(self.kinds) - set(dispatch.actors)
+        self.kinds = sorted(kinds if kinds is not None else dispatch.kinds)
+        unknown = set(self.kinds) - set(dispatch.kinds)
         if unknown:
             raise ValueError(f"no actor installed for kinds {sorted(unknown)}")
         self._listener: psycopg.AsyncConnection[Any] | None = None
@@ -204,7 +204,7 @@ class Claimer:
         #: Per kind, the limit key the last claim reached: the next starts after it.
         self.fair_cursor: dict[str, str] = {}
         self.off_loop = OffLoop(self.settings.push_timeout.total_seconds())
-        self.gate = BrokerGate(dispatch.broker, self.off_loop)
+        self.gate = BrokerGate(dispatch.check_broker, self.off_loop)
         #: Live while rounds go round; ready while they claim and push (outbox.health).
         self.health = health or ProcessHealth("claimer")
         #: Totals since start, for logs and tests.
@@ -251,14 +251,13 @@ class Claimer:
                 one_line(error),
             )
         by_token = {c.action.token: c for c in claimed}
-        messages = self.dispatch.messages(items)
-        for index, message in enumerate(messages):
+        messages = batches(items, self.settings.actions_per_message)
+        for index, (kind, tokens) in enumerate(messages):
             try:
-                self.dispatch.broker.enqueue(message)
+                self.dispatch.push_batch(kind, tokens)
             except Exception as error:
                 log.warning("push failed (%s)", one_line(error))
-                args = [value for rest in messages[index:] for value in rest.args]
-                return [by_token[token] for token in FenceToken.from_args(args)]
+                return [by_token[token] for _, rest in messages[index:] for token in rest]
         return []
 
     async def push_off_loop(self, claimed: list[ClaimedAction]) -> int:
@@ -405,7 +404,7 @@ class Claimer:
 
 
 async def run_claimer_async(
-    dispatch: Dispatch, *, kinds: Iterable[str] | None = None, stop: asyncio.Event | None = None
+    dispatch: Fabric, *, kinds: Iterable[str] | None = None, stop: asyncio.Event | None = None
 ) -> Mapping[str, int]:
     """Runs one claimer until SIGTERM or SIGINT (or ``stop``); returns its totals."""
     stop = stop or asyncio.Event()
@@ -448,6 +447,6 @@ async def run_claimer_async(
         metrics.mark_process_dead()
 
 
-def run_claimer(dispatch: Dispatch, *, kinds: Iterable[str] | None = None) -> Mapping[str, int]:
+def run_claimer(dispatch: Fabric, *, kinds: Iterable[str] | None = None) -> Mapping[str, int]:
     """The sync entry of ``outbox claimer``."""
     return asyncio.run(run_claimer_async(dispatch, kinds=kinds))

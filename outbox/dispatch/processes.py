@@ -4,7 +4,9 @@
         ...  # enqueue, then wait for the actions to end
 
 Each process runs in a session of its own, so ``kill()`` (SIGKILL) takes down a ``dramatiq``
-master together with its worker processes, as a crashed machine would.
+(or ``celery worker``) master together with its worker processes, as a crashed machine would.
+``start_celery_worker`` runs ``celery -A ... worker`` (the Celery fabric, ``OUTBOX_APP`` naming
+the application as for ``outbox worker``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 #: What ``dramatiq`` logs in each worker process once it consumes.
 WORKER_READY = "Worker process is ready for action."
+#: What ``celery worker`` logs once it consumes (``celery@host ready.``).
+CELERY_WORKER_READY = " ready."
+#: The Celery app ``start_celery_worker`` runs unless given another: the outbox's own entry.
+CELERY_WORKER_APP = "outbox.dispatch.celery_worker"
 #: What the claimer logs once its loop runs.
 CLAIMER_READY = "claimer started"
 
@@ -128,4 +135,27 @@ def start_worker(
     proc = OutboxProcess(argv, env, cwd)
     if wait:
         proc.wait_for(WORKER_READY, timeout=60.0, count=processes)
+    return proc
+
+
+def start_celery_worker(
+    env: Mapping[str, str],
+    *,
+    celery_app: str = CELERY_WORKER_APP,
+    queues: Sequence[str],
+    pool: str = "threads",
+    concurrency: int = 4,
+    cwd: str | None = None,
+    wait: bool = True,
+) -> OutboxProcess:
+    """``celery -A CELERY_APP worker -Q QUEUES`` with ``env`` added to this environment: the
+    outbox's own entry (``OUTBOX_APP`` in ``env`` names the application) unless ``celery_app``
+    names a shop's app that installed the outbox. Each worker gets a node name of its own."""
+    argv = [sys.executable, "-m", "celery", "-A", celery_app, "worker"]
+    argv += ["--queues", ",".join(queues), "--pool", pool, "--concurrency", str(concurrency)]
+    argv += ["--hostname", f"outbox-{uuid.uuid4().hex[:8]}@%h", "--loglevel", "INFO"]
+    argv += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+    proc = OutboxProcess(argv, env, cwd)
+    if wait:
+        proc.wait_for(CELERY_WORKER_READY, timeout=60.0)
     return proc

@@ -37,7 +37,8 @@ class PushTimeout(Exception):
 
 
 def check_broker(broker: Broker) -> None:
-    """Raises unless the broker answers: a Redis PING, a RabbitMQ connection's heartbeat round.
+    """Raises unless the Dramatiq broker answers: a Redis PING, a RabbitMQ connection's
+    heartbeat round.
 
     A broker of another type (an application's own) is taken as answering.
     """
@@ -74,10 +75,13 @@ class OffLoop:
 
 
 class BrokerGate:
-    """Open while the broker answers; closed after a failed push until a check succeeds."""
+    """Open while the broker answers; closed after a failed push until a check succeeds.
 
-    def __init__(self, broker: Broker, off_loop: OffLoop) -> None:
-        self.broker = broker
+    ``check`` is the fabric's ``check_broker``: blocking, it raises unless the broker answers.
+    """
+
+    def __init__(self, check: Callable[[], None], off_loop: OffLoop) -> None:
+        self.check_broker = check
         self.off_loop = off_loop
         self.open = True
         self._failures = 0
@@ -99,7 +103,7 @@ class BrokerGate:
     async def check(self) -> str | None:
         """None when the broker answered; else why not, in one line."""
         try:
-            await self.off_loop.run(check_broker, self.broker)
+            await self.off_loop.run(self.check_broker)
         except Exception as error:
             return one_line(error)
         return None

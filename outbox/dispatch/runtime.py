@@ -1,6 +1,7 @@
 """One event loop thread and one connection pool per worker process.
 
-Dramatiq runs actors on worker threads; the outbox's executor is async. Each worker process
+Dramatiq and Celery run messages on worker threads (or a prefork child's main thread); the
+outbox's executor is async. Each worker process
 gets one loop thread and one ``Store`` (autocommit pool) on it, started on first use in that
 process (so a fork never inherits a parent's pool), and every message's coroutine runs there.
 
@@ -23,7 +24,6 @@ from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dramatiq.asyncio import EventLoopThread
-from dramatiq.middleware import Interrupt
 
 from outbox.connecting import wait_for_database
 from outbox.dispatch.heartbeat import Heartbeat
@@ -150,7 +150,8 @@ class WorkerRuntime:
     def run(self, kind: str, token: FenceToken) -> Outcome | None:
         """Runs one message on this process's loop; None when it was dropped as Abandoned.
 
-        A Dramatiq time limit (or shutdown) interrupting the calling thread cancels the attempt.
+        A Dramatiq time limit (or shutdown), or a Celery soft time limit, interrupting the calling
+        thread cancels the attempt.
         """
         self.start()
         assert self._thread is not None
@@ -207,8 +208,9 @@ def run_on_loop(loop: asyncio.AbstractEventLoop, make: Callable[[], Coroutine[An
     Dramatiq's ``EventLoopThread.run_coroutine``, with a bare lock as the hand-back instead of a
     concurrent Future, its Condition and an Event a message: every wake of a waiting thread
     costs the loop thread the GIL, a cost a busy worker pays on every message. As there, an
-    ``Interrupt`` Dramatiq raises in the waiting thread (time limit, shutdown) cancels the task,
-    and the thread re-raises it once the task's cancellation cleanup ended.
+    exception raised in the waiting thread (Dramatiq's ``Interrupt`` at a time limit or
+    shutdown, Celery's ``SoftTimeLimitExceeded``) cancels the task, and the thread re-raises it
+    once the task's cancellation cleanup ended.
     """
     finished = threading.Lock()
     finished.acquire()
@@ -231,7 +233,7 @@ def run_on_loop(loop: asyncio.AbstractEventLoop, make: Callable[[], Coroutine[An
         # A timeout, so an Interrupt raised in this thread is seen while it waits.
         while not finished.acquire(timeout=INTERRUPT_CHECK):
             pass
-    except Interrupt:
+    except BaseException:  # raised asynchronously in this thread by the fabric
         loop.call_soon_threadsafe(cancel)
         if not finished.acquire(timeout=START_TIMEOUT):
             log.error("a cancelled attempt did not end within %ss", START_TIMEOUT)

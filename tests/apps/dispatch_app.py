@@ -13,8 +13,9 @@ attempt, hang after the write until killed), ``fail_read_back_attempt`` (on that
 read-back search raises: an error before the fence). Environment knobs:
 ``DISPATCH_APP_OWN_BROKER=1`` builds the application's own broker with an actor of its own (an
 existing Dramatiq shop);
-``DISPATCH_APP_STALL_PUSH=1`` adds a middleware that records, then stalls, every push (to kill
-a claimer between its claim's commit and its push); ``DISPATCH_APP_STOP_IN_CLAIM=PATH`` makes,
+``DISPATCH_APP_STALL_PUSH=1`` adds a middleware (on the Celery fabric, a ``before_task_publish``
+handler) that records, then stalls, every push (to kill a claimer between its claim's commit and
+its push); ``DISPATCH_APP_STOP_IN_CLAIM=PATH`` makes,
 once the test created PATH.arm, the first claimer process to create PATH stop itself (SIGSTOP)
 inside a claim round, right after it took the claim lock (PATH then holds its pid).
 """
@@ -174,6 +175,10 @@ def build(
     rb, amo = kinds(suffix)
     outbox.register(rb, RecordingAdapter(provider, read_back=True))
     outbox.register(amo, RecordingAdapter(provider, read_back=False))
+    if outbox.settings.fabric == "celery":
+        if stall_push:
+            stall_celery_publishes(database_url, schema)
+        return outbox
     if own_broker or stall_push:
         middleware = [m() for m in default_middleware]
         if stall_push:
@@ -184,6 +189,21 @@ def build(
             _declare_shop_actor(broker, database_url, schema, suffix)
         install(outbox, broker)
     return outbox
+
+
+def stall_celery_publishes(database_url: str, schema: str) -> None:
+    """The Celery fabric's ``StallBeforePush``: records each publish, then stalls it."""
+    from celery import signals
+
+    def stall(headers: dict[str, Any] | None = None, body: Any = None, **_: Any) -> None:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(
+                f'INSERT INTO "{schema}".dispatch_stall (message_id, args) VALUES (%s, %s)',
+                ((headers or {}).get("id", ""), repr(body)),
+            )
+        time.sleep(3600)
+
+    signals.before_task_publish.connect(stall, weak=False)
 
 
 def _declare_shop_actor(broker: Broker, database_url: str, schema: str, suffix: str) -> None:
