@@ -47,6 +47,7 @@ from outbox.dispatch.broker import (
     REDIS_CONNECT_TIMEOUT,
     REDIS_SOCKET_TIMEOUT,
 )
+from outbox.dispatch.celery_health import ConsumerHealth
 from outbox.dispatch.fabric import Batch, batches, deliver
 from outbox.dispatch.runtime import WorkerRuntime
 from outbox.errors import ConfigurationError
@@ -261,6 +262,9 @@ def install(
         if in_process and consumes_outbox_queue():
             runtime.start()  # a thread or solo pool runs the tasks in this process
 
+    # The worker's health file (``outbox health --role worker``), from its consumer.
+    if ConsumerHealth not in app.steps["consumer"]:
+        app.steps["consumer"].add(ConsumerHealth)
     # Celery's signals are process-wide: the handlers are kept (weak=False) for the app's life.
     signals.worker_process_shutdown.connect(process_ended, weak=False)
     signals.worker_shutdown.connect(stop_runtime, weak=False)
