@@ -59,12 +59,9 @@ def bulk_count(
     """How many actions ``where`` matches that ``verb`` applies to now."""
     verb = BulkVerb(verb)
 
-    def op() -> Operation[int]:
-        q = queries_for(schema or default_schema())
-        rows = yield Statement(q["bulk_count"], _params(verb, where))
-        return int(rows[0]["n"])
-
-    return run_sync(conn, op())
+    # The ids themselves, counted here: the count is then by construction what an apply would
+    # touch (one statement for both), and ``where.limit`` bounds the rows sent.
+    return len(run_sync(conn, _matching_ids(schema or default_schema(), verb, where)))
 
 
 def _matching_ids(schema: str, verb: BulkVerb, where: ActionFilter) -> Operation[list[int]]:

@@ -947,36 +947,10 @@ DELETE FROM {schema}.agent_action_kind_pause WHERE kind = %(kind)s RETURNING kin
 -- Operator, status: the paused kinds.
 SELECT kind, paused_by, paused_at, note FROM {schema}.agent_action_kind_pause ORDER BY kind
 
--- name: bulk_count
--- Operator: how many actions a bulk filter matches that its verb applies to (bulk_matching_ids
--- without the ids). An empty array matches everything; the reason is the stop reason, or the
--- last retry's reason of a waiting action.
-SELECT count(*) AS n FROM (
-    SELECT a.id
-      FROM {schema}.agent_action a
-     WHERE a.state = ANY (%(states)s::text[])
-       AND (cardinality(%(kinds)s::text[]) = 0 OR a.kind = ANY (%(kinds)s::text[]))
-       AND (cardinality(%(reasons)s::text[]) = 0
-            OR coalesce(a.stop_reason, a.retry_reason) = ANY (%(reasons)s::text[]))
-       AND (cardinality(%(lanes)s::text[]) = 0 OR a.lane_key = ANY (%(lanes)s::text[]))
-       AND (%(created_from)s::timestamptz IS NULL OR a.created_at >= %(created_from)s::timestamptz)
-       AND (%(created_to)s::timestamptz IS NULL OR a.created_at < %(created_to)s::timestamptz)
-       AND (%(ended_from)s::timestamptz IS NULL OR a.ended_at >= %(ended_from)s::timestamptz)
-       AND (%(ended_to)s::timestamptz IS NULL OR a.ended_at < %(ended_to)s::timestamptz)
-       AND NOT (%(unresolved)s AND EXISTS (
-                SELECT 1 FROM {schema}.agent_action_resolution r WHERE r.action_id = a.id))
-       AND NOT (%(not_delivered_only)s AND EXISTS (
-                SELECT 1 FROM {schema}.agent_action_resolution r
-                 WHERE r.action_id = a.id AND r.outcome = 'DELIVERED'))
-       AND NOT (%(unlinked)s::text IS NOT NULL AND EXISTS (
-                SELECT 1 FROM {schema}.agent_action_link k
-                 WHERE k.from_id = a.id AND k.relation = %(unlinked)s::text))
-     ORDER BY a.id
-     LIMIT %(limit)s
-) matched
-
 -- name: bulk_matching_ids
--- Operator: the ids bulk_count counts, in id order.
+-- Operator: the ids of the actions a bulk filter matches that its verb applies to, in id order
+-- (bulk_count counts them, bulk_apply acts on them). An empty array matches everything; the
+-- reason is the stop reason, or the last retry's reason of a waiting action.
 SELECT a.id
   FROM {schema}.agent_action a
  WHERE a.state = ANY (%(states)s::text[])
