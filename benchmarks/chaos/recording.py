@@ -108,9 +108,9 @@ class RecordedFence:
         self._row = row
         self._linger = linger
 
-    async def begin_write(self) -> bool:
+    async def begin_write(self, provider_ref: str | None = None) -> bool:
         await self._recorder.fence_asked(self._row)
-        passed = await self._attempt.fence().begin_write()
+        passed = await self._attempt.fence().begin_write(provider_ref)
         await self._recorder.fence_answered(self._row, passed)
         if passed and self._linger > 0:
             await asyncio.sleep(self._linger)
