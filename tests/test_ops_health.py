@@ -223,7 +223,8 @@ def test_postgres_gone_makes_the_claimer_unready_until_it_is_back(
 
         pg.stop()
         eventually(lambda: not ready(tmp_path, "claimer"), "claimer unready", rig)
-        assert http(port, "/readyz") == 503
+        # The file and the endpoint are two probes a moment apart: each must come to say so.
+        eventually(lambda: http(port, "/readyz") == 503, "claimer unready (HTTP)", rig)
         body = urllib.request.Request(f"http://127.0.0.1:{port}/readyz")
         with pytest.raises(urllib.error.HTTPError) as answer:
             urllib.request.urlopen(body, timeout=5)
