@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -73,6 +73,9 @@ class ActionExecutor:
 
     ``observers`` hear of every attempt, end and adapter error (``outbox.observers``):
     ``Outbox.executor`` passes the outbox's; None means the default ones (metrics, then logs).
+    ``read_back_kinds`` names the kinds that can find an earlier write (not at-most-once): an
+    attempt of theirs cut short after its fence is retried, and the retry reads back first.
+    Any other kind's such attempt ends UNCERTAIN.
     """
 
     def __init__(
@@ -82,8 +85,10 @@ class ActionExecutor:
         settings: Settings,
         observers: Iterable[ExecutorObserver] | None = None,
         kind_limits: Mapping[str, KindLimits] | None = None,
+        read_back_kinds: Collection[str] = frozenset(),
     ) -> None:
         self.store = store
+        self.read_back_kinds = frozenset(read_back_kinds)
         self.adapters = adapters
         self.settings = settings
         self.observers = Observers(_default_observers() if observers is None else observers)
@@ -195,7 +200,7 @@ class ActionExecutor:
         if scope.expired():
             # Also when the adapter swallowed the cancellation and returned: it ran out of time.
             if attempt.fence_passed:
-                return Uncertain(StopReason.LEASE_EXPIRED_DURING_WRITE)
+                return self._after_write(attempt, StopReason.LEASE_EXPIRED_DURING_WRITE)
             return Retry(reason="LEASE_RAN_OUT_BEFORE_WRITE")
         if not isinstance(result, RESULT_TYPES):
             return self._error_result(
@@ -204,12 +209,22 @@ class ActionExecutor:
         return result
 
     def _error_result(self, attempt: ActionAttempt, error: Exception) -> Result:
-        """An adapter's exception: Uncertain after its fence, Retry before it."""
+        """An adapter's exception: Retry before its fence; after it, what ``_after_write``
+        says."""
         self.observers.adapter_error(attempt, error)
         attempt.error_class = type(error).__qualname__[:200]
         if attempt.fence_passed:
-            return Uncertain(StopReason.ADAPTER_ERROR_AFTER_WRITE)
+            return self._after_write(attempt, StopReason.ADAPTER_ERROR_AFTER_WRITE)
         return Retry(reason=f"ERROR:{type(error).__name__}")
+
+    def _after_write(self, attempt: ActionAttempt, reason: str) -> Result:
+        """An attempt cut short after its fence: the write may exist. A read-back kind retries,
+        as it does when a crash lost the lease there (its next attempt sees ``write_started``
+        and looks for the write before writing again); an at-most-once kind cannot look, so it
+        ends UNCERTAIN and is never attempted again."""
+        if attempt.kind in self.read_back_kinds:
+            return Retry(reason=reason)
+        return Uncertain(reason)
 
     def _claimed_at(self, action: Action) -> datetime | None:
         """When this attempt's claim started its lease (an in-process claim is its own take; a

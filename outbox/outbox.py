@@ -149,8 +149,14 @@ class Outbox:
             await own.close()
 
     def executor(self, store: Store) -> ActionExecutor:
+        read_back = {name for name, kind in self.kinds.items() if not kind.at_most_once}
         return ActionExecutor(
-            store, self.adapters, self.settings, self.observers, self.kind_limits()
+            store,
+            self.adapters,
+            self.settings,
+            self.observers,
+            self.kind_limits(),
+            read_back_kinds=read_back,
         )
 
     async def claim_and_run(

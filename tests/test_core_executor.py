@@ -189,18 +189,41 @@ def test_an_exception_before_the_fence_is_a_retry(make_outbox, database_url, sch
     assert one_row(database_url, schema)["state"] == "DONE"
 
 
-def test_an_exception_after_the_fence_is_uncertain(make_outbox, database_url, schema):
-    ob = build(make_outbox, ScriptedAdapter(lambda a: ConnectionResetError("mid-write")))
-    put(ob, database_url)
+def test_an_exception_after_the_fence_of_an_at_most_once_kind_is_uncertain(
+    make_outbox, database_url, schema
+):
+    ob = build(make_outbox, ScriptedAdapter(lambda a: ConnectionResetError("mid-write")), kind=ONCE)
+    put(ob, database_url, kind=ONCE)
     report = drain(ob)
     assert report.count() == {"uncertain": 1}
     row = one_row(database_url, schema)
     assert (row["state"], row["stop_reason"]) == ("UNCERTAIN", StopReason.ADAPTER_ERROR_AFTER_WRITE)
 
 
-def test_a_result_that_is_not_a_result_counts_as_an_error(make_outbox, database_url, schema):
-    ob = build(make_outbox, ScriptedAdapter(lambda a: "done!"))
+def test_an_exception_after_the_fence_of_a_read_back_kind_is_retried_and_the_retry_reads_back(
+    make_outbox, database_url, schema
+):
+    seen_write_started = []
+
+    def script(attempt):
+        seen_write_started.append(attempt.write_started)
+        if attempt.attempt == 1:
+            return ConnectionResetError("mid-write")
+        return Done("found-it")
+
+    ob = build(make_outbox, ScriptedAdapter(script), retry_base=timedelta(milliseconds=10))
     put(ob, database_url)
+    report = drain(ob)
+    assert report.count() == {"retry": 1, "done": 1}
+    assert seen_write_started == [False, True]
+    row = one_row(database_url, schema)
+    assert (row["state"], row["attempt"], row["readback_ref"]) == ("DONE", 2, "found-it")
+    assert row["retry_reason"] == StopReason.ADAPTER_ERROR_AFTER_WRITE
+
+
+def test_a_result_that_is_not_a_result_counts_as_an_error(make_outbox, database_url, schema):
+    ob = build(make_outbox, ScriptedAdapter(lambda a: "done!"), kind=ONCE)
+    put(ob, database_url, kind=ONCE)
     drain(ob)
     assert one_row(database_url, schema)["state"] == "UNCERTAIN"
 
@@ -301,15 +324,36 @@ async def test_an_adapter_that_outlives_its_lease_before_the_fence_is_cancelled_
     assert isinstance(outcome.result, Retry)
 
 
-async def test_an_adapter_that_outlives_its_lease_after_the_fence_ends_uncertain(
+class SlowWriter:
+    """Passes its fence, then outlives any lease."""
+
+    async def execute(self, attempt):
+        assert await attempt.fence().begin_write()
+        await asyncio.sleep(30)
+        return Done()
+
+
+async def test_an_at_most_once_adapter_that_outlives_its_lease_after_the_fence_ends_uncertain(
     make_outbox, database_url, schema
 ):
-    class SlowWriter:
-        async def execute(self, attempt):
-            assert await attempt.fence().begin_write()
-            await asyncio.sleep(30)
-            return Done()
+    ob = build(
+        make_outbox,
+        SlowWriter(),
+        kind=ONCE,
+        lease=timedelta(seconds=2),
+        write_margin=timedelta(seconds=1),
+    )
+    put(ob, database_url, kind=ONCE)
+    async with ob.store() as store:
+        claimed, at = await claim_one(ob, store)
+        outcome = await ob.executor(store).run(claimed, at)
+    assert outcome.result == Uncertain(StopReason.LEASE_EXPIRED_DURING_WRITE)
+    assert one_row(database_url, schema)["state"] == "UNCERTAIN"
 
+
+async def test_a_read_back_adapter_that_outlives_its_lease_after_the_fence_is_retried(
+    make_outbox, database_url, schema
+):
     ob = build(
         make_outbox, SlowWriter(), lease=timedelta(seconds=2), write_margin=timedelta(seconds=1)
     )
@@ -317,8 +361,11 @@ async def test_an_adapter_that_outlives_its_lease_after_the_fence_ends_uncertain
     async with ob.store() as store:
         claimed, at = await claim_one(ob, store)
         outcome = await ob.executor(store).run(claimed, at)
-    assert outcome.result == Uncertain(StopReason.LEASE_EXPIRED_DURING_WRITE)
-    assert one_row(database_url, schema)["state"] == "UNCERTAIN"
+    assert outcome.result == Retry(reason=StopReason.LEASE_EXPIRED_DURING_WRITE)
+    row = one_row(database_url, schema)
+    # Waiting again, with the evidence its next attempt reads back for.
+    assert (row["state"], row["attempt"]) == ("ADMITTED", 1)
+    assert row["earlier_write_at"] is not None
 
 
 async def test_at_most_once_lease_lost_after_the_fence_ends_uncertain_and_never_runs_again(

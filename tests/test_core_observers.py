@@ -16,7 +16,9 @@ from outbox.results import result_name
 from outbox.testing import drain
 from tests.support import ScriptedAdapter, rows
 
-OBSERVED = ActionKind("OBSERVED")
+#: At-most-once: its adapter's exception after the fence ends the action UNCERTAIN (a read-back
+#: kind's would be retried).
+OBSERVED = ActionKind("OBSERVED", at_most_once=True)
 
 
 class Seen(ExecutorObserver):
