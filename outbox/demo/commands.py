@@ -71,9 +71,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
         secret_key=settings.console_secret_key,
     )
     # Refuses a wide bind without a login (unless told the container publishes it on loopback).
-    server = serve(
-        console, args.host, args.port, published_on_loopback=args.published_on_loopback
-    )
+    server = serve(console, args.host, args.port, published_on_loopback=args.published_on_loopback)
     pool.open()
     print(
         f"outbox console on http://{args.host}:{server.effective_port}/ (Ctrl-C to stop)",
