@@ -166,6 +166,13 @@ UNCONSUMED = Gauge(
     ["kind"],
     multiprocess_mode="livemostrecent",
 )
+IN_FLIGHT_BOUND = Gauge(
+    "outbox_claimer_in_flight_bound",
+    "How many claims of a kind this claimer keeps in flight at most after its workers fell a "
+    "lease behind (halved then, grown back to OUTBOX_IN_FLIGHT while they keep up)",
+    ["kind"],
+    multiprocess_mode="livemin",
+)
 CLAIMING_STALLED = Gauge(
     "outbox_claimer_stalled",
     "1 while this claimer claims nothing new of a kind because no worker took its claims "
@@ -231,6 +238,10 @@ def set_backlog_gauges(backlog: Backlog) -> None:
 
 def set_claiming_stalled(kind: str, stalled: bool) -> None:
     CLAIMING_STALLED.labels(kind=kind).set(1 if stalled else 0)
+
+
+def set_in_flight_bound(kind: str, bound: int) -> None:
+    IN_FLIGHT_BOUND.labels(kind=kind).set(bound)
 
 
 def multiprocess_dir() -> str | None:

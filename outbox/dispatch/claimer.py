@@ -128,18 +128,20 @@ def bounded_claim_operation(
                 (state,) = yield Statement(q["probe_state"], params)
                 waiting, expired = state["waiting"], state["expired"]
             if not waiting:
-                watch.resume(kind)
+                watch.resume(kind, in_flight)
             else:
                 # Another probe only once this one's lease ran out unconsumed.
                 probing.add(kind)
                 limits[kind] = 1 if expired else 0
                 continue
         elif unconsumed:
-            watch.stall(kind, unconsumed)
+            watch.stall(kind, unconsumed, current[kind] + unconsumed)
             probing.add(kind)
             limits[kind] = 1
             continue
-        bound = in_flight
+        else:
+            watch.kept_up(kind, in_flight, current[kind])
+        bound = watch.bound(kind, in_flight)
         if kind in kind_limits:
             bound = min(bound, kind_limits[kind].in_flight_bound(in_flight))
         limits[kind] = max(0, min(batch_size, bound - current[kind]))
