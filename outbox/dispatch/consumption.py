@@ -84,15 +84,16 @@ class ConsumptionWatch:
         bound = max(MIN_BOUND, min(self.bound(kind, configured), depth) // 2)
         if bound < configured:
             self.bounds[kind] = bound
+        now = self.bound(kind, configured)
         metrics.set_claiming_stalled(kind, False)
-        metrics.set_in_flight_bound(kind, self.bound(kind, configured))
+        metrics.set_in_flight_bound(kind, now)
         log.info(
             "kind %s: workers take messages again; claiming resumes with at most %s in flight "
             "(of %s), more as the workers keep up",
             kind,
-            self.bound(kind, configured),
+            now,
             configured,
-            extra={"event": "claiming_resumed", "kind": kind, "bound": self.bound(kind, configured)},
+            extra={"event": "claiming_resumed", "kind": kind, "bound": now},
         )
 
     def kept_up(self, kind: str, configured: int, in_flight: int) -> None:
