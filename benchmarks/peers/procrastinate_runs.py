@@ -9,7 +9,8 @@ of ``CONCURRENCY`` sub-workers each (the outbox pool's layout), LISTEN/NOTIFY on
   deferred in batches of 100 (``batch_defer_jobs_async``, one statement a batch) by concurrent
   enqueuers while the workers run; throughput from the first defer until every job succeeded.
   Afterwards every job must have succeeded, each lock's jobs in id order (events ``started``
-  and ``succeeded``), as the outbox's lanes are checked.
+  and ``succeeded``), as the outbox's lanes are checked. Its jobs table is ANALYZEd once the
+  enqueuers are done, as ``lanes`` does the outbox's (see ``lanes.analyze``).
 """
 
 from __future__ import annotations
@@ -143,6 +144,7 @@ def _lanes_once(name: str, n: int, lane_count: int) -> Result:
             started = time.perf_counter()
             errors = asyncio.run(_defer_lanes(schema, n, lane_count))
             enqueued = time.perf_counter()
+            lanes.analyze(watch, schema, "procrastinate_jobs")
             done_at = wait_until(
                 lambda: _ended(watch, schema) >= n, 900, "procrastinate jobs not ended", 0.02
             )
