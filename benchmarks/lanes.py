@@ -68,10 +68,10 @@ class Record:
 
 def shapes(scale: Scale) -> Iterator[tuple[str, int, int]]:
     """(name, actions, lanes) of each row. A tiny run (the smoke test) keeps several actions a
-    lane: fewer lanes, under the same name."""
+    lane (100 over 20 lanes), under the same name."""
     for n, lanes in SHAPES:
         actions = scale.n(n, n, floor=100)
-        yield f"lanes-{lanes}", actions, max(5, min(lanes, int(lanes * scale.factor)))
+        yield f"lanes-{lanes}", actions, max(20, min(lanes, int(lanes * scale.factor)))
 
 
 def plan(n: int, lanes: int) -> list[list[list[int]]]:
