@@ -6,11 +6,13 @@ BIN := $(VENV)/bin
 .PHONY: install test demo lint typecheck schema lock
 
 # Every dependency at the version constraints.txt pins (`make lock` writes it from pyproject.toml):
-# a checkout installs today what it installed the day it was locked.
+# a checkout installs today what it installed the day it was locked. The `bench` extra (the
+# benchmarks' peers, pure Python but for uvloop and pydantic-core wheels) too, so that the smoke
+# test runs the peer scenarios as well instead of skipping them.
 $(BIN)/outbox: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[test,embedded]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[test,embedded,bench]'
 	$(BIN)/pip install -q --no-deps 'dramatiq-dashboard==0.4.0'
 	touch $(BIN)/outbox
 
@@ -45,5 +47,5 @@ COMPILE := $(UV) pip compile pyproject.toml --universal --python-version 3.11 --
 
 lock: install
 	$(BIN)/pip install -q 'uv==0.13.9'
-	$(COMPILE) --extra test --extra embedded -o constraints.txt
+	$(COMPILE) --extra test --extra embedded --extra bench -o constraints.txt
 	$(COMPILE) --extra celery -c constraints.txt --generate-hashes -o requirements-image.txt

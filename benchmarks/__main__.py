@@ -1,5 +1,5 @@
-"""``python -m benchmarks [--quick] [--only NAME ...]``: one JSON object per result on stdout,
-a table on stderr, in the order the scenarios ran."""
+"""``python -m benchmarks [--quick] [--peers] [--only NAME ...]``: one JSON object per result on
+stdout, a table on stderr, in the order the scenarios ran."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from benchmarks import peers
 from benchmarks.common import Result, Scale
+from benchmarks.peers.compare import new_rows
 from benchmarks.table import render
 
 #: Scenario name -> the module that runs it (imported lazily: the broker scenarios need the
@@ -29,7 +31,16 @@ SCENARIOS: dict[str, str] = {
     "priority": "benchmarks.limits:run_priority",
     "fair": "benchmarks.limits:run_fair",
     "rate": "benchmarks.limits:run_rate",
+    # Lanes end to end, and the peers: other PostgreSQL job queues on the same server (the
+    # `bench` extra; run by --peers or by name), each compared where the outbox has a twin.
+    "lanes": "benchmarks.lanes",
+    "pgqueuer-inprocess": "benchmarks.peers.pgqueuer_runs:run_inprocess",
+    "pgqueuer-latency": "benchmarks.peers.pgqueuer_runs:run_latency",
+    "procrastinate-latency": "benchmarks.peers.procrastinate_runs:run_latency",
+    "procrastinate-lanes": "benchmarks.peers.procrastinate_runs:run_lanes",
 }
+#: The scenarios of other job queues: not in the default run.
+PEERS = frozenset(peers.PACKAGES)
 
 
 def runner(name: str) -> Callable[[Scale], list[Result]]:
@@ -43,21 +54,32 @@ def runner(name: str) -> Callable[[Scale], list[Result]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a run of about two minutes")
+    parser.add_argument(
+        "--peers", action="store_true", help="also the peers (pgqueuer, procrastinate)"
+    )
     parser.add_argument("--only", nargs="+", choices=sorted(SCENARIOS), help="these scenarios")
     parser.add_argument(
         "--scale", type=float, default=1.0, help="multiply every N (the smoke test: 0.01)"
     )
     args = parser.parse_args(argv)
     scale = Scale(quick=args.quick, factor=args.scale)
+    names = args.only or [n for n in SCENARIOS if args.peers or n not in PEERS]
+    unavailable = [why for why in map(peers.missing, names) if why]
+    if unavailable:
+        parser.error("; ".join(unavailable))
     results: list[Result] = []
+    compared: set[str] = set()
     started = time.monotonic()
-    for name in args.only or list(SCENARIOS):
+    for name in names:
         scenario_started = time.monotonic()
         print(f"running {name} ...", file=sys.stderr, flush=True)
         for result in runner(name)(scale):
             result.extra.setdefault("took_s", round(time.monotonic() - scenario_started, 1))
             print(json.dumps(result.as_json()), flush=True)
             results.append(result)
+        for comparison in new_rows(results, compared):
+            print(json.dumps(comparison.as_json()), flush=True)
+            results.append(comparison)
     mode = "quick" if args.quick else "default"
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(

@@ -1,0 +1,67 @@
+"""Rows that compare an outbox scenario with its peer when both ran in the same run:
+``<ours>-vs-<peer>``, carrying our row's numbers and ``ratio`` = ours over the peer's (actions/s
+for throughput, p50 for latency: above 1 the outbox is faster, resp. slower)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from benchmarks.common import Result
+
+
+@dataclass(frozen=True)
+class Comparison:
+    ours: str
+    peer: str
+    #: "throughput" (actions/s) or "latency" (p50).
+    measure: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.ours}-vs-{self.peer.split('-', 1)[0]}"
+
+
+COMPARISONS = (
+    Comparison("inprocess", "pgqueuer-inprocess", "throughput"),
+    Comparison("latency", "pgqueuer-latency", "latency"),
+    Comparison("latency", "procrastinate-latency", "latency"),
+    Comparison("lanes-50", "procrastinate-lanes-50", "throughput"),
+    Comparison("lanes-1000", "procrastinate-lanes-1000", "throughput"),
+)
+
+
+def _row(comparison: Comparison, ours: Result, peer: Result) -> Result:
+    if comparison.measure == "throughput":
+        mine, theirs = ours.actions_per_s, peer.actions_per_s
+        extra = {"peer_per_s": theirs}
+    else:
+        mine, theirs = ours.p50_ms, peer.p50_ms
+        p99 = ours.p99_ms / peer.p99_ms if ours.p99_ms and peer.p99_ms else None
+        extra = {
+            "peer_p50_ms": theirs,
+            "peer_p99_ms": peer.p99_ms,
+            "p99_ratio": round(p99, 3) if p99 is not None else None,
+        }
+    return Result(
+        scenario=comparison.name,
+        n=ours.n,
+        actions_per_s=ours.actions_per_s,
+        p50_ms=ours.p50_ms,
+        p99_ms=ours.p99_ms,
+        ratio=round(mine / theirs, 3) if mine and theirs else None,
+        ratio_to=peer.scenario,
+        extra={"measure": comparison.measure, "peer_n": peer.n, **extra},
+    )
+
+
+def new_rows(results: list[Result], emitted: set[str]) -> list[Result]:
+    """The comparisons both of whose rows are in ``results`` and not yet in ``emitted`` (which
+    this adds them to)."""
+    by_name = {r.scenario: r for r in results}
+    rows = []
+    for comparison in COMPARISONS:
+        ours, peer = by_name.get(comparison.ours), by_name.get(comparison.peer)
+        if ours and peer and comparison.name not in emitted:
+            emitted.add(comparison.name)
+            rows.append(_row(comparison, ours, peer))
+    return rows

@@ -1,0 +1,149 @@
+"""pgqueuer, the peer of the in-process executor and of the latency scenario.
+
+- ``pgqueuer-inprocess``: the drain strategy of pgqueuer's own benchmark tool
+  (``tools/benchmark.py --strategy drain``): N no-op jobs enqueued in one call before the clock
+  starts, then consumers drain the queue. Its defaults (5 consumers, each a ``PgQueuer`` on a
+  connection of its own, in one uvloop process), with the psycopg driver and a dequeue batch of
+  100. The same N as ``inprocess``.
+- ``pgqueuer-latency``: jobs enqueued one a transaction (pgqueuer's ``enqueue`` on an autocommit
+  connection) at 100/s while one consumer process idles (pgqueuer's defaults: LISTEN/NOTIFY,
+  batch size 10); the time from ``enqueue`` returning to the entrypoint's start, as ``latency``
+  measures the outbox's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import redis
+import uvloop
+from pgqueuer.models import Job
+from pgqueuer.types import QueueExecutionMode
+
+from benchmarks import dramatiq_raw
+from benchmarks.common import REDIS_URL, Result, Scale, bench_schema, ms, percentile
+from benchmarks.peers import pgqueuer_app
+from benchmarks.peers.pgqueuer_app import ENTRYPOINT, STARTS_KEY, connect, consumer
+from benchmarks.rig import IDLE_SETTLE, REPO, paced, rig, wait_until
+from outbox.dispatch.processes import OutboxProcess
+
+#: pgqueuer's benchmark tool: concurrent dequeue tasks (its default), and the batch size.
+CONSUMERS = 5
+BATCH_SIZE = 100
+
+
+async def _install(schema: str) -> None:
+    q, conn = await connect(schema)
+    await q.install()
+    await conn.close()
+
+
+async def _drain(schema: str, n: int) -> tuple[float, int]:
+    """Seconds from the first job's start to the last job's end, and how many jobs ran.
+
+    The clock leaves out the consumers' start (a structure check, LISTEN) and their drain exit
+    (their last look for work), which pgqueuer's own tool counts."""
+    await _install(schema)
+    q, conn = await connect(schema)
+    await q.enqueue([ENTRYPOINT] * n, [b""] * n, [0] * n)
+    await conn.close()
+    ran = 0
+    first_start = last_end = 0.0
+    connections = []
+    consumers = []
+    for _ in range(CONSUMERS):
+        q, conn = await connect(schema)
+        connections.append(conn)
+        pgq = consumer(q, schema)
+
+        @pgq.entrypoint(ENTRYPOINT)
+        async def noop(job: Job) -> None:
+            nonlocal ran, first_start, last_end
+            if not ran:
+                first_start = time.perf_counter()
+            ran += 1
+            last_end = time.perf_counter()
+
+        consumers.append(pgq)
+    await asyncio.gather(
+        *(pgq.run(batch_size=BATCH_SIZE, mode=QueueExecutionMode.drain) for pgq in consumers)
+    )
+    for conn in connections:
+        await conn.close()
+    return last_end - first_start, ran
+
+
+def run_inprocess(scale: Scale) -> list[Result]:
+    n = scale.n(5_000, 50_000, floor=50)  # as ``inprocess``
+    with bench_schema("pgqueuer_inprocess") as schema:
+        seconds, ran = uvloop.run(_drain(schema, n))
+    if ran != n:
+        raise AssertionError(f"pgqueuer-inprocess: {ran} of {n} jobs ran")
+    return [
+        Result(
+            scenario="pgqueuer-inprocess",
+            n=n,
+            actions_per_s=round(n / seconds, 1),
+            p50_ms=None,
+            p99_ms=None,
+            ratio=1.0,
+            ratio_to="pgqueuer-inprocess",
+            extra={
+                "driver": "psycopg",
+                "consumers": CONSUMERS,
+                "batch_size": BATCH_SIZE,
+                "strategy": "drain (pgqueuer's benchmark tool)",
+                "clock": "first job start -> last job end",
+            },
+        )
+    ]
+
+
+async def _enqueue_paced(schema: str, n: int) -> dict[int, float]:
+    q, conn = await connect(schema)
+    committed: dict[int, float] = {}
+    for _ in paced(n, dramatiq_raw.PACE):
+        (job_id,) = await q.enqueue(ENTRYPOINT, b"")
+        committed[int(job_id)] = time.time()
+    await conn.close()
+    return committed
+
+
+def run_latency(scale: Scale) -> list[Result]:
+    n = scale.n(300, 3_000, floor=20)  # as ``latency``
+    with bench_schema("pgqueuer_latency") as schema, rig(schema) as r:
+        uvloop.run(_install(schema))
+        argv = [sys.executable, "-m", pgqueuer_app.__name__, schema]
+        proc = OutboxProcess(argv, r.env(), cwd=REPO)
+        r.stack.callback(proc.close)
+        proc.wait_for(pgqueuer_app.READY, timeout=60)
+        time.sleep(IDLE_SETTLE * 2)  # its LISTEN is up a moment after the entrypoint
+        committed = uvloop.run(_enqueue_paced(schema, n))
+        with redis.Redis.from_url(REDIS_URL) as client:
+            wait_until(lambda: client.hlen(STARTS_KEY) >= n, 60, "pgqueuer jobs not started")
+            starts = {int(k): float(v) for k, v in client.hgetall(STARTS_KEY).items()}
+    return [latency_result("pgqueuer-latency", committed, starts, {"batch_size": 10})]
+
+
+def latency_result(
+    scenario: str, committed: dict[int, float], starts: dict[int, float], settings: dict
+) -> Result:
+    """A peer's latency row: p50/p99 of commit -> start, ``ratio`` 1 (the peer is its own
+    reference; ``latency-vs-<peer>`` compares)."""
+    latencies = [starts[i] - t for i, t in committed.items()]
+    return Result(
+        scenario=scenario,
+        n=len(latencies),
+        actions_per_s=round(dramatiq_raw.PACE, 1),
+        p50_ms=ms(percentile(latencies, 50)),
+        p99_ms=ms(percentile(latencies, 99)),
+        ratio=1.0,
+        ratio_to=scenario,
+        extra={
+            "max_ms": ms(max(latencies)),
+            "latency_is": "enqueue commit returned -> job start",
+            **settings,
+        },
+    )
