@@ -29,6 +29,10 @@ SCENARIOS: dict[str, str] = {
     "priority": "benchmarks.limits:run_priority",
     "fair": "benchmarks.limits:run_fair",
     "rate": "benchmarks.limits:run_rate",
+    # A provider that takes 200 ms a call: throughput against the pool's concurrency, and the
+    # memory an in-flight action costs the claimer and a worker process.
+    "slow-provider": "benchmarks.slow_provider",
+    "memory": "benchmarks.memory",
 }
 
 
