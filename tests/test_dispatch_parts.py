@@ -228,6 +228,35 @@ async def test_claimer_pushes_only_after_its_claim_committed(
     assert client.hlen(f"dramatiq:{outbox.kinds[kind].queue_name}.msgs") == messages
 
 
+@pytest.mark.parametrize(
+    ("batch_size", "per_message", "claimed", "messages"),
+    [(10, 4, 8, 2), (3, 4, 3, 1), (10, 1, 10, 10)],
+)
+async def test_a_claim_round_takes_whole_messages_of_its_batch(
+    make_outbox: Any,
+    schema: str,
+    redis_url: str,
+    clean_redis: None,
+    batch_size: int,
+    per_message: int,
+    claimed: int,
+    messages: int,
+) -> None:
+    # A pool of T threads runs T messages at once: a batch of 10 at 4 a message went out as
+    # 4 + 3 + 3, three messages where two full ones carry nearly as much.
+    outbox, kind = _outbox(
+        make_outbox, schema, batch_size=batch_size, actions_per_message=per_message
+    )
+    dispatch = install(outbox, broker_from_url(redis_url))
+    _enqueue(outbox, kind, 20)
+    async with outbox.store() as store:
+        result = await Claimer(dispatch, store).run_once()
+    assert len(result.claimed) == result.pushed == claimed
+    assert result.more_due
+    client = redis.Redis.from_url(redis_url)
+    assert client.hlen(f"dramatiq:{outbox.kinds[kind].queue_name}.msgs") == messages
+
+
 async def test_claimers_together_keep_the_in_flight_bound(
     make_outbox: Any, schema: str, redis_url: str, clean_redis: None
 ) -> None:
