@@ -38,6 +38,10 @@ SCENARIOS: dict[str, str] = {
     "pgqueuer-latency": "benchmarks.peers.pgqueuer_runs:run_latency",
     "procrastinate-latency": "benchmarks.peers.procrastinate_runs:run_latency",
     "procrastinate-lanes": "benchmarks.peers.procrastinate_runs:run_lanes",
+    # A provider that takes 200 ms a call: throughput against the pool's concurrency, and the
+    # memory an in-flight action costs the claimer and a worker process.
+    "slow-provider": "benchmarks.slow_provider",
+    "memory": "benchmarks.memory",
 }
 #: The scenarios of other job queues: not in the default run.
 PEERS = frozenset(peers.PACKAGES)

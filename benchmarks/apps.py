@@ -5,13 +5,16 @@
   fence and returns ``Done``; with ``BENCH_RECORD_STARTS=1`` it first records the wall-clock time
   it started (Redis hash ``bench:<run id>:starts``, by action id) for the latency scenario (an
   action whose payload says ``"record": true`` is recorded always), with ``BENCH_RECORD_CALLS=1``
-  the time of its "provider call" after the fence (``bench:<run id>:calls``) for ``rate``.
+  the time of its "provider call" after the fence (``bench:<run id>:calls``) for ``rate``;
+  with ``BENCH_PROVIDER_SECONDS=<s>`` that call waits ``s`` seconds (a slow provider:
+  ``slow-provider``, ``memory``).
 - ``benchmarks.apps:raw_broker``: the same broker with one plain Dramatiq actor and no outbox,
   the ceiling of the e2e scenario.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from datetime import timedelta
@@ -57,12 +60,14 @@ class NoopAdapter:
         record_starts: bool = False,
         record_calls: bool = False,
         dramatiq_limiter: Any = None,
+        provider_seconds: float = 0.0,
     ) -> None:
         self._redis_url = redis_url
         self._client: redis.asyncio.Redis | None = None
         self.record_starts = record_starts
         self.record_calls = record_calls
         self.dramatiq_limiter = dramatiq_limiter
+        self.provider_seconds = provider_seconds
 
     def _redis(self) -> redis.asyncio.Redis:
         if self._client is None:
@@ -85,6 +90,8 @@ class NoopAdapter:
             return Abandoned()
         if self.record_calls:
             await self._redis().hset(CALLS_KEY, str(attempt.id), repr(time.time()))
+        if self.provider_seconds:
+            await asyncio.sleep(self.provider_seconds)
         return Done(ref="noop")
 
 
@@ -111,6 +118,7 @@ def outbox_app() -> Outbox:
         record_starts=os.environ.get("BENCH_RECORD_STARTS") == "1",
         record_calls=os.environ.get("BENCH_RECORD_CALLS") == "1",
         dramatiq_limiter=_dramatiq_limiter(),
+        provider_seconds=float(os.environ.get("BENCH_PROVIDER_SECONDS", "0")),
     )
     outbox.register(NOOP, adapter)
     return outbox

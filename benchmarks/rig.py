@@ -74,9 +74,10 @@ class Rig:
         self.stack.callback(proc.close)
         return proc
 
-    def outbox_workers(self) -> OutboxProcess:
+    def outbox_workers(self, processes: int = PROCESSES, threads: int = THREADS) -> OutboxProcess:
+        """An ``outbox worker`` pool, of the common layout unless a scenario sizes its own."""
         return self._keep(
-            start_worker(APP, self.env(), processes=PROCESSES, threads=THREADS, cwd=REPO)
+            start_worker(APP, self.env(), processes=processes, threads=threads, cwd=REPO)
         )
 
     def outbox_celery_workers(self, queue: str) -> list[int]:

@@ -151,6 +151,46 @@ async def test_a_message_is_taken_once_per_epoch_and_never_with_a_stale_epoch(
         )
 
 
+async def test_the_claimers_claims_carry_no_payload_and_the_workers_take_loads_it(
+    make_outbox: Any, schema: str, redis_url: str, clean_redis: None
+) -> None:
+    # Lane heads and reclaims of expired leases alike: a claimer that read payloads would hold
+    # every payload it claimed (up to OUTBOX_MAX_PAYLOAD_BYTES each) until its round ended.
+    outbox, kind = _outbox(
+        make_outbox, schema, lease=timedelta(seconds=30), write_margin=timedelta(seconds=1)
+    )
+    dispatch = install(outbox, broker_from_url(redis_url))
+    with psycopg.connect(outbox.settings.require_database_url()) as conn:
+        ids = [
+            outbox.enqueue(
+                conn,
+                ActionRequest(
+                    kind=kind,
+                    workspace_id="w",
+                    lane_key=f"lane-{i}",
+                    idempotency_key=f"payload-{i}",
+                    payload={"i": i, "blob": "x" * 1000},
+                ),
+            ).id
+            for i in range(4)
+        ]
+    async with outbox.store() as store:
+        claimer = Claimer(dispatch, store)
+        heads = sorted((await claimer.claim()).claimed, key=lambda c: c.action.id)
+        assert [c.action.id for c in heads] == ids
+        taken = [await store.take_attempt(c.action.token) for c in heads[:2]]
+        assert [t.action.payload["i"] if t else None for t in taken] == [0, 1]
+        # Their worker died: the leases ran out, and the next claim reclaims them.
+        async with store.connection() as conn:
+            await conn.execute(
+                f'UPDATE "{schema}".agent_action SET lease_until = now() WHERE id = ANY(%s)',
+                (ids[:2],),
+            )
+        reclaims = (await claimer.claim()).claimed
+        assert sorted(c.action.id for c in reclaims) == ids[:2]
+        assert [c.action.payload for c in heads + reclaims] == [None] * 6
+
+
 @pytest.mark.parametrize(("per_message", "messages"), [(1, 5), (2, 3), (8, 1)])
 async def test_claimer_pushes_only_after_its_claim_committed(
     make_outbox: Any,
@@ -184,6 +224,35 @@ async def test_claimer_pushes_only_after_its_claim_committed(
         result = await Claimer(dispatch, store).run_once()
     assert result.pushed == 5
     assert sorted(seen) == [(i, "EXECUTING", 0) for i in ids]
+    client = redis.Redis.from_url(redis_url)
+    assert client.hlen(f"dramatiq:{outbox.kinds[kind].queue_name}.msgs") == messages
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "per_message", "claimed", "messages"),
+    [(10, 4, 8, 2), (3, 4, 3, 1), (10, 1, 10, 10)],
+)
+async def test_a_claim_round_takes_whole_messages_of_its_batch(
+    make_outbox: Any,
+    schema: str,
+    redis_url: str,
+    clean_redis: None,
+    batch_size: int,
+    per_message: int,
+    claimed: int,
+    messages: int,
+) -> None:
+    # A pool of T threads runs T messages at once: a batch of 10 at 4 a message went out as
+    # 4 + 3 + 3, three messages where two full ones carry nearly as much.
+    outbox, kind = _outbox(
+        make_outbox, schema, batch_size=batch_size, actions_per_message=per_message
+    )
+    dispatch = install(outbox, broker_from_url(redis_url))
+    _enqueue(outbox, kind, 20)
+    async with outbox.store() as store:
+        result = await Claimer(dispatch, store).run_once()
+    assert len(result.claimed) == result.pushed == claimed
+    assert result.more_due
     client = redis.Redis.from_url(redis_url)
     assert client.hlen(f"dramatiq:{outbox.kinds[kind].queue_name}.msgs") == messages
 

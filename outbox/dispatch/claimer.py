@@ -88,6 +88,18 @@ class Round:
         return bool(self.claimed) or any(self.in_flight.values())
 
 
+def whole_messages(batch_size: int, per_message: int) -> int:
+    """The most one round claims of a kind: ``batch_size`` rounded down to whole messages of
+    ``per_message`` (96 at 100 and 8), unless it is smaller than one message.
+
+    A worker thread runs one message at a time, so a pool of T threads runs T messages at once:
+    a round of 100 went out as 13 messages of 7 or 8 (``batches``), and a pool sized to its
+    in-flight bound (T x 8) then held one message more than it had threads, which waited a
+    whole provider call for one to come free.
+    """
+    return batch_size - batch_size % per_message if batch_size >= per_message else batch_size
+
+
 def bounded_claim_operation(
     schema: str,
     kinds: Iterable[str],
@@ -225,7 +237,7 @@ class Claimer:
             self.store.schema,
             self.kinds,
             self.settings.in_flight,
-            self.settings.batch_size,
+            whole_messages(self.settings.batch_size, self.settings.actions_per_message),
             self.settings.lease,
             self.watch,
             self.kind_limits,
