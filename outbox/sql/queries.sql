@@ -349,9 +349,15 @@ SELECT pg_advisory_xact_lock(2830, hashtext(%(schema)s))
 -- claimer paused or cut off while it holds the lock frees it), then takes the claim lock (as
 -- claim_lock, which then returns at once), so the claimer can time its wait. The settings come
 -- first in the target list: the lock's wait already runs under the new lock_timeout.
+-- The round commits without waiting for its WAL flush (synchronous_commit off): a claim that a
+-- server crash loses costs nothing (no attempt was counted; the action is due again under the
+-- same next epoch, and a message pushed for the lost claim is one more delivery of that epoch,
+-- which the take admits once), and anything a worker commits about the claim (its take, a
+-- synchronous commit) flushes the WAL up to and past it.
 SELECT set_config('lock_timeout', %(lock_timeout)s, true),
        set_config('statement_timeout', %(statement_timeout)s, true),
        set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, true),
+       set_config('synchronous_commit', 'off', true),
        pg_advisory_xact_lock(2830, hashtext(%(schema)s)) IS NULL AS locked
 
 -- name: release_claims
