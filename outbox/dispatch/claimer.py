@@ -28,7 +28,7 @@ import psycopg
 from psycopg import sql
 
 from outbox import metrics
-from outbox._io import Operation, Statement, run_async
+from outbox._io import Operation, Statement, resume_async
 from outbox.connecting import CONNECTION_OPTIONS, one_line, wait_for_database
 from outbox.dispatch.claim_guard import ClaimLockBusy, enter_claim_round
 from outbox.dispatch.consumption import ConsumptionWatch
@@ -42,9 +42,9 @@ from outbox.queries import queries_for
 from outbox.store import (
     INTAKE_BATCH,
     ClaimedAction,
+    Intake,
     Store,
     claim_operation,
-    intake_operation,
     release_claims_operation,
 )
 
@@ -97,18 +97,23 @@ def bounded_claim_operation(
     watch: ConsumptionWatch,
     kind_limits: Mapping[str, KindLimits] | None = None,
     cursor: dict[str, str] | None = None,
+    *,
+    locked: bool = False,
 ) -> Operation[Round]:
     """Folds the lane intake, counts in-flight and unconsumed claims per kind, and claims up to
     the bound (one probe for a kind whose claims no worker takes); run it in a transaction.
     A kind's concurrency cap (``kind_limits``) lowers its bound below ``in_flight``; its
-    per-key cap bounds each limit key's share (``claim_operation``)."""
+    per-key cap bounds each limit key's share (``claim_operation``). It takes the claim lock
+    first, unless ``locked`` (the transaction took it already: ``enter_claim_round``)."""
     kind_limits = kind_limits or {}
     q = queries_for(schema)
-    yield Statement(q["claim_lock"], {"schema": schema})
-    intake = yield from intake_operation(schema)
+    if not locked:
+        yield Statement(q["claim_lock"], {"schema": schema})
+    # The intake and the counts in one round trip (after the lock: see claim_round_state).
+    (state,) = yield Statement(q["claim_round_state"], {"limit": INTAKE_BATCH})
+    intake = Intake(int(state["folded"]), frozenset(state["paused"]))
     folded = intake.folded
-    rows = yield Statement(q["executing_by_kind"])
-    counts = {row["kind"]: row for row in rows}
+    counts = {row["kind"]: row for row in state["executing"]}
     current: dict[str, int] = {}
     limits: dict[str, int] = {}
     probing: set[str] = set()
@@ -228,10 +233,14 @@ class Claimer:
             self.watch,
             self.kind_limits,
             self.fair_cursor,
+            locked=True,
         )
         async with self.store.connection() as conn, conn.transaction():
-            await enter_claim_round(conn, self.store.schema, self.settings)
-            return await run_async(conn, op)
+            # The round's first statement rides with the guard that takes the lock: one round
+            # trip fewer on the path from an enqueue to its push.
+            first = next(op)
+            rows = await enter_claim_round(conn, self.store.schema, self.settings, first)
+            return await resume_async(conn, op, rows)
 
     def push_or_unpushed(self, claimed: list[ClaimedAction]) -> list[ClaimedAction]:
         """Pushes the claimed actions (after the claim committed), up to ``actions_per_message``

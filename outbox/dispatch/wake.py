@@ -86,7 +86,7 @@ except ImportError:  # pragma: no cover - another Dramatiq layout: plain polling
     _WakingConsumer: type[Any] | None = None
 else:
 
-    class _WakingConsumerImpl(_RedisConsumer):  # type: ignore[misc]
+    class _WakingConsumerImpl(_RedisConsumer):
         """Dramatiq's Redis consumer whose idle wait ends early on a wake token."""
 
         def __init__(self, broker: Any, queue_name: str, prefetch: int, timeout: int) -> None:

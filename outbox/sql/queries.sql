@@ -360,6 +360,24 @@ SELECT set_config('lock_timeout', %(lock_timeout)s, true),
        set_config('synchronous_commit', 'off', true),
        pg_advisory_xact_lock(2830, hashtext(%(schema)s)) IS NULL AS locked
 
+-- name: claim_round_state
+-- A dispatch claim round's first look, once it holds the claim lock: folds the lane intake (as
+-- lane_intake, with the paused kinds) and counts each kind's claimed and unfinished actions (as
+-- executing_by_kind, as a JSON array) in one statement, one round trip. The counts read the
+-- statement's snapshot, taken after the lock was granted (never in the statement that waits
+-- for it), so they include every claim another claimer committed before.
+SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
+       (SELECT coalesce(array_agg(p.kind), '{}') FROM {schema}.agent_action_kind_pause p)
+           AS paused,
+       (SELECT coalesce(json_agg(e), '[]')
+          FROM (SELECT kind,
+                       count(*) FILTER (WHERE lease_until > now()) AS n,
+                       count(*) FILTER (WHERE lease_until <= now()
+                                          AND taken_epoch IS DISTINCT FROM epoch) AS unconsumed
+                  FROM {schema}.agent_action
+                 WHERE state = 'EXECUTING'
+                 GROUP BY kind) e) AS executing
+
 -- name: release_claims
 -- Claims whose push failed are given back at once: each (id, epoch) still EXECUTING at that
 -- epoch, not taken by a worker and whose write never started becomes ADMITTED and due now
