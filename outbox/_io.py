@@ -67,23 +67,6 @@ async def run_async(
             return cast(T, done.value)
 
 
-async def resume_async(conn: AsyncConnection[Any], op: Operation[T], rows: Rows) -> T:
-    """Runs the rest of ``op``, whose first statement the caller ran itself (``rows`` are
-    its rows): e.g. in one pipeline with a statement of its own."""
-    try:
-        statement = op.send(rows)
-    except StopIteration as done:
-        return cast(T, done.value)
-    async with conn.cursor(row_factory=dict_row) as cur:
-        try:
-            while True:
-                await cur.execute(statement.sql, statement.params)
-                rows = await cur.fetchall() if _returned_rows(cur) else []
-                statement = op.send(rows)
-        except StopIteration as done:
-            return cast(T, done.value)
-
-
 def _is_async(conn: Any) -> bool:
     """A psycopg ``AsyncConnection``, or anything of SQLAlchemy's asyncio extension (its
     ``AsyncSession``, ``AsyncConnection``, ``async_scoped_session``), told apart by module so

@@ -22,14 +22,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from outbox import ActionKind, ActionRequest, ConfigurationError, Done, Outbox, Settings
-from outbox._io import Statement
+from outbox._io import run_async
 from outbox.dispatch import Claimer, broker_from_url, default_broker, install
 from outbox.dispatch.actors import actor_options, even_chunks
 from outbox.dispatch.claim_guard import enter_claim_round
+from outbox.dispatch.claimer import bounded_claim_operation
 from outbox.dispatch.commands import worker_argv
+from outbox.dispatch.consumption import ConsumptionWatch
 from outbox.dispatch.wake import WAKE_KEEP, WAKE_TTL_MS, wake_key
 from outbox.fence_token import FenceToken
 from outbox.queries import queries_for
+
+LEASE = timedelta(seconds=30)
 
 
 class Noop:
@@ -243,13 +247,12 @@ async def test_a_claim_round_commits_without_waiting_for_its_wal_flush(
     assert after == ("on",), "the setting outlived the claim round"
 
 
-async def test_the_rounds_first_statement_rides_with_the_lock_and_sees_what_its_holder_claimed(
+async def test_a_rounds_counts_come_after_the_lock_and_see_what_its_holder_claimed(
     make_outbox: Any, schema: str, database_url: str
 ) -> None:
     outbox, kind = _outbox(make_outbox, schema)
     [action_id] = _enqueue(outbox, kind, 1)
     q = queries_for(schema)
-    first = Statement(q["claim_round_state"], {"limit": 100})
     with psycopg.connect(database_url) as holder:
         # Another claimer's round: holds the lock and claims, then commits while this one waits.
         holder.execute(q["claim_lock"], {"schema": schema})
@@ -258,14 +261,22 @@ async def test_the_rounds_first_statement_rides_with_the_lock_and_sees_what_its_
             "lease_until = now() + interval '1 minute' WHERE id = %s",
             ("EXECUTING", action_id),
         )
-        async with outbox.store() as store, store.connection() as conn, conn.transaction():
-            entering = asyncio.create_task(enter_claim_round(conn, schema, outbox.settings, first))
-            await asyncio.sleep(0.3)
-            assert not entering.done(), "the round did not wait for the claim lock"
-            holder.commit()
-            [state] = await asyncio.wait_for(entering, 5)
-    counts = {row["kind"]: row["n"] for row in state["executing"]}
-    assert counts == {kind: 1}, "the counts read a snapshot from before the lock was granted"
+
+        async def round_() -> Any:
+            async with outbox.store() as store, store.connection() as conn, conn.transaction():
+                await enter_claim_round(conn, schema, outbox.settings)
+                op = bounded_claim_operation(
+                    schema, [kind], 5, 5, LEASE, ConsumptionWatch(), locked=True
+                )
+                return await run_async(conn, op)
+
+        entering = asyncio.create_task(round_())
+        await asyncio.sleep(0.3)
+        assert not entering.done(), "the round did not wait for the claim lock"
+        holder.commit()
+        result = await asyncio.wait_for(entering, 5)
+    assert result.in_flight == {kind: 1}, "the counts read a snapshot from before the lock"
+    assert result.claimed == [], "the round claimed the lane its holder had claimed"
 
 
 def test_an_idle_consumer_wakes_on_a_push_not_after_its_backoff(

@@ -23,9 +23,7 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 
-from outbox._io import Rows, Statement
 from outbox.config import Settings
 from outbox.queries import queries_for
 
@@ -43,13 +41,9 @@ def _ms(value: timedelta) -> str:
     return f"{max(1, round(value.total_seconds() * 1000))}ms"
 
 
-async def enter_claim_round(
-    conn: AsyncConnection[Any], schema: str, settings: Settings, then: Statement | None = None
-) -> Rows:
+async def enter_claim_round(conn: AsyncConnection[Any], schema: str, settings: Settings) -> float:
     """Sets the round's bounds and takes the claim lock, inside the open transaction of
-    ``conn``; raises ``ClaimLockBusy``. ``then``, the round's first statement, goes in the same
-    round trip (a pipeline: still a statement of its own, so its snapshot is taken after the
-    lock was granted); returns its rows."""
+    ``conn``; returns how long the lock took (seconds). Raises ``ClaimLockBusy``."""
     params = {
         "schema": schema,
         "lock_timeout": _ms(settings.claim_lock_timeout),
@@ -58,12 +52,7 @@ async def enter_claim_round(
     }
     started = time.monotonic()
     try:
-        async with conn.cursor(row_factory=dict_row) as cur:
-            async with conn.pipeline():
-                await conn.execute(queries_for(schema)["claim_round_guard"], params)
-                if then is not None:
-                    await cur.execute(then.sql, then.params)
-            rows = await cur.fetchall() if then is not None else []
+        await conn.execute(queries_for(schema)["claim_round_guard"], params)
     except psycopg.errors.LockNotAvailable:
         waited = time.monotonic() - started
         log.warning(
@@ -76,4 +65,4 @@ async def enter_claim_round(
     waited = time.monotonic() - started
     if waited >= LOCK_WAIT_LOGGED:
         log.warning("waited %.1fs for the claim lock another claimer held", waited)
-    return rows
+    return waited

@@ -28,7 +28,7 @@ import psycopg
 from psycopg import sql
 
 from outbox import metrics
-from outbox._io import Operation, Statement, resume_async
+from outbox._io import Operation, Statement, run_async
 from outbox.connecting import CONNECTION_OPTIONS, one_line, wait_for_database
 from outbox.dispatch.claim_guard import ClaimLockBusy, enter_claim_round
 from outbox.dispatch.consumption import ConsumptionWatch
@@ -236,11 +236,12 @@ class Claimer:
             locked=True,
         )
         async with self.store.connection() as conn, conn.transaction():
-            # The round's first statement rides with the guard that takes the lock: one round
-            # trip fewer on the path from an enqueue to its push.
-            first = next(op)
-            rows = await enter_claim_round(conn, self.store.schema, self.settings, first)
-            return await resume_async(conn, op, rows)
+            # The guard took the lock: the operation does not take it again. (Not pipelined with
+            # the operation's first statement: a pipeline's trailing flush keeps the server from
+            # arming idle_in_transaction_session_timeout, so a claimer paused right after it
+            # would hold the lock for ever.)
+            await enter_claim_round(conn, self.store.schema, self.settings)
+            return await run_async(conn, op)
 
     def push_or_unpushed(self, claimed: list[ClaimedAction]) -> list[ClaimedAction]:
         """Pushes the claimed actions (after the claim committed), up to ``actions_per_message``
