@@ -1,8 +1,9 @@
 """Real processes for the broker scenarios: the outbox's claimer and workers, or a plain Dramatiq
 worker pool, on Redis DB 14 (this run's keys and queues only) and the scenario's own schema.
 
-Every pool runs with the same worker settings, so the outbox and its ceiling differ only by
-what the outbox itself does.
+Every pool runs with the same worker layout, so the outbox and its ceiling differ only by what
+the outbox itself does; each keeps the Dramatiq ``worker_timeout`` it needs for its latency
+(``WORKER_TIMEOUT_MS``).
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ ACTIONS_PER_MESSAGE = 8
 #: the bound never idles a thread that could run. A bound of only what the threads hold left the
 #: pool waiting for the claimer's next look (BUSY_POLL) once it had run its 128.
 IN_FLIGHT = PROCESSES * THREADS * ACTIONS_PER_MESSAGE
-#: An idle Redis consumer polls with a backoff up to this many ms (Dramatiq's default is 1,000,
-#: which alone would put an idle pool's p50 latency in the hundreds of ms); the price is a few
-#: hundred cheap Redis calls a second while idle.
+#: The raw pool's ``worker_timeout``: its idle Redis consumer polls with a backoff up to this
+#: many ms (Dramatiq's default is 1,000, which alone would put an idle pool's p50 latency in the
+#: hundreds of ms); the price is half a core while idle, as each of its 64 worker threads also
+#: wakes this often. The outbox's pools keep Dramatiq's default: the claimer wakes their idle
+#: consumers with each push (``outbox.dispatch.wake``), so they need no short poll.
 WORKER_TIMEOUT_MS = 10
 #: Seconds a freshly started pool is left alone before a latency scenario starts timing.
 IDLE_SETTLE = 0.5
@@ -63,7 +66,6 @@ class Rig:
             "OUTBOX_SCHEMA": self.schema,
             "OUTBOX_BROKER_URL": REDIS_URL,
             "PYTHONPATH": REPO,
-            "dramatiq_worker_timeout": str(WORKER_TIMEOUT_MS),
             "OUTBOX_IN_FLIGHT": str(IN_FLIGHT),
             "OUTBOX_ACTIONS_PER_MESSAGE": str(ACTIONS_PER_MESSAGE),
             "OUTBOX_BENCH_RUN_ID": RUN_ID,
@@ -117,7 +119,8 @@ class Rig:
     def raw_workers(self) -> OutboxProcess:
         argv = [sys.executable, "-m", "dramatiq", RAW_APP]
         argv += ["--processes", str(PROCESSES), "--threads", str(THREADS)]
-        proc = self._keep(OutboxProcess(argv, self.env(), cwd=REPO))
+        env = {"dramatiq_worker_timeout": str(WORKER_TIMEOUT_MS), **self.env()}
+        proc = self._keep(OutboxProcess(argv, env, cwd=REPO))
         proc.wait_for(WORKER_READY, timeout=60.0, count=PROCESSES)
         return proc
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -21,10 +22,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from outbox import ActionKind, ActionRequest, ConfigurationError, Done, Outbox, Settings
+from outbox._io import run_async
 from outbox.dispatch import Claimer, broker_from_url, default_broker, install
 from outbox.dispatch.actors import actor_options, even_chunks
+from outbox.dispatch.claim_guard import enter_claim_round
+from outbox.dispatch.claimer import bounded_claim_operation
 from outbox.dispatch.commands import worker_argv
+from outbox.dispatch.consumption import ConsumptionWatch
+from outbox.dispatch.wake import WAKE_KEEP, WAKE_TTL_MS, wake_key
 from outbox.fence_token import FenceToken
+from outbox.queries import queries_for
+
+LEASE = timedelta(seconds=30)
 
 
 class Noop:
@@ -292,6 +301,94 @@ async def test_claimer_wakes_on_the_enqueue_notify_long_before_its_poll_interval
             await asyncio.sleep(0.01)
         stop.set()
         await asyncio.wait_for(task, 5)
+
+
+async def test_a_claim_round_commits_without_waiting_for_its_wal_flush(
+    make_outbox: Any, schema: str
+) -> None:
+    outbox, _ = _outbox(make_outbox, schema)
+    async with outbox.store() as store, store.connection() as conn:
+        async with conn.transaction():
+            await enter_claim_round(conn, schema, outbox.settings)
+            inside = await (await conn.execute("SHOW synchronous_commit")).fetchone()
+        after = await (await conn.execute("SHOW synchronous_commit")).fetchone()
+    assert inside == ("off",), "the claim round's commit waited for its WAL flush"
+    assert after == ("on",), "the setting outlived the claim round"
+
+
+async def test_a_rounds_counts_come_after_the_lock_and_see_what_its_holder_claimed(
+    make_outbox: Any, schema: str, database_url: str
+) -> None:
+    outbox, kind = _outbox(make_outbox, schema)
+    [action_id] = _enqueue(outbox, kind, 1)
+    q = queries_for(schema)
+    with psycopg.connect(database_url) as holder:
+        # Another claimer's round: holds the lock and claims, then commits while this one waits.
+        holder.execute(q["claim_lock"], {"schema": schema})
+        holder.execute(
+            f'UPDATE "{schema}".agent_action SET state = %s, epoch = epoch + 1, '
+            "lease_until = now() + interval '1 minute' WHERE id = %s",
+            ("EXECUTING", action_id),
+        )
+
+        async def round_() -> Any:
+            async with outbox.store() as store, store.connection() as conn, conn.transaction():
+                await enter_claim_round(conn, schema, outbox.settings)
+                op = bounded_claim_operation(
+                    schema, [kind], 5, 5, LEASE, ConsumptionWatch(), locked=True
+                )
+                return await run_async(conn, op)
+
+        entering = asyncio.create_task(round_())
+        await asyncio.sleep(0.3)
+        assert not entering.done(), "the round did not wait for the claim lock"
+        holder.commit()
+        result = await asyncio.wait_for(entering, 5)
+    assert result.in_flight == {kind: 1}, "the counts read a snapshot from before the lock"
+    assert result.claimed == [], "the round claimed the lane its holder had claimed"
+
+
+def test_an_idle_consumer_wakes_on_a_push_not_after_its_backoff(
+    make_outbox: Any, schema: str, redis_url: str, clean_redis: None
+) -> None:
+    outbox, kind = _outbox(make_outbox, schema)
+    dispatch = install(outbox, broker_from_url(redis_url))
+    consumer = dispatch.broker.consume(dispatch.actors[kind].queue_name, prefetch=4, timeout=5000)
+    # Idle for long: Dramatiq's backoff is now 2.5 to 5 s between looks at the queue.
+    consumer.misses = 30
+    received: list[float] = []
+
+    def consume() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if next(consumer) is not None:
+                received.append(time.monotonic())
+                return
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    time.sleep(0.3)  # inside its idle wait
+    pushed = time.monotonic()
+    dispatch.push_many([(kind, FenceToken(1, 1))])
+    thread.join(12)
+    consumer.close()
+    assert received, "the consumer never got the message"
+    assert received[0] - pushed < 1.0, "the consumer waited out its backoff"
+
+
+def test_a_wake_token_pushed_while_no_consumer_waits_is_kept_and_bounded(
+    make_outbox: Any, schema: str, redis_url: str, clean_redis: None
+) -> None:
+    outbox, kind = _outbox(make_outbox, schema, actions_per_message=1)
+    dispatch = install(outbox, broker_from_url(redis_url))
+    queue = dispatch.actors[kind].queue_name
+    dispatch.push_many([(kind, FenceToken(i, 1)) for i in range(1, 41)])
+    client = redis.Redis.from_url(redis_url)
+    key = wake_key(dispatch.broker.namespace, queue)
+    assert client.llen(key) == WAKE_KEEP
+    assert 0 < client.pttl(key) <= WAKE_TTL_MS
+    dispatch.push_batch(kind, [FenceToken(41, 1)])
+    assert client.llen(key) == WAKE_KEEP
 
 
 def test_worker_command_passes_processes_threads_queues_and_dramatiq_options_through() -> None:

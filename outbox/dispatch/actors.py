@@ -26,6 +26,7 @@ from outbox.dispatch.fabric import batches, deliver, even_chunks
 from outbox.dispatch.health_watch import ConsumerHealth
 from outbox.dispatch.pushing import check_broker
 from outbox.dispatch.runtime import WorkerRuntime
+from outbox.dispatch.wake import queue_counts, wake_consumers
 from outbox.fence_token import BIGINT_MAX, FenceToken
 from outbox.metrics import MetricsExposition
 
@@ -60,7 +61,7 @@ class Dispatch:
         check_broker(self.broker)
 
     def push_batch(self, kind: str, tokens: Sequence[FenceToken]) -> None:
-        self.broker.enqueue(self.message(kind, tokens))
+        self._enqueue_and_wake([self.message(kind, tokens)])
 
     def message(self, kind: str, tokens: Sequence[FenceToken]) -> Message[Any]:
         """The message of ``tokens`` of one kind: its arguments are the tokens flattened
@@ -74,7 +75,13 @@ class Dispatch:
 
     def push(self, kind: str, token: FenceToken) -> None:
         """Puts one ``(action_id, epoch)`` message on the kind's queue."""
-        self.broker.enqueue(self.message(kind, [token]))
+        self._enqueue_and_wake([self.message(kind, [token])])
+
+    def _enqueue_and_wake(self, messages: list[Message[Any]]) -> None:
+        """Enqueues one at a time, then wakes idle consumers (``outbox.dispatch.wake``)."""
+        for message in messages:
+            self.broker.enqueue(message)
+        wake_consumers(self.broker, queue_counts(messages))
 
     def push_many(self, items: Iterable[tuple[str, FenceToken]]) -> list[Message[Any]]:
         """Puts ``(kind, token)`` items on their queues, ``messages(items)`` of them:
@@ -89,13 +96,14 @@ class Dispatch:
         messages = self.messages(items)
         pipelined = _pipelined_redis(self.broker)
         if pipelined is None:
-            for message in messages:
-                self.broker.enqueue(message)
+            self._enqueue_and_wake(messages)
             return messages
         broker, pipe = pipelined
         with pipe:
             for message in messages:
                 broker.enqueue(message)
+            # The wake tokens ride in the same round trip, after the messages they announce.
+            wake_consumers(self.broker, queue_counts(messages), pipe)
             pipe.execute()
         return messages
 

@@ -30,8 +30,9 @@ _RABBITMQ_SCHEMES = RABBITMQ_SCHEMES
 
 
 def broker_from_url(url: str, *, middleware: list[Middleware] | None = None) -> Broker:
-    """A ``RedisBroker`` for ``redis://``, ``rediss://`` and ``unix://`` URLs, a ``RabbitmqBroker``
-    for ``amqp://`` and ``amqps://``; Dramatiq's default middleware unless ``middleware`` is given.
+    """A ``RedisBroker`` for ``redis://``, ``rediss://`` and ``unix://`` URLs (one whose idle
+    consumers wake on a push, ``outbox.dispatch.wake``), a ``RabbitmqBroker`` for ``amqp://``
+    and ``amqps://``; Dramatiq's default middleware unless ``middleware`` is given.
 
     RabbitMQ publishes with confirmed delivery, so a push that returns is held by the broker.
     A URL that does not parse is refused with a ``ConfigurationError`` naming the setting.
@@ -40,14 +41,17 @@ def broker_from_url(url: str, *, middleware: list[Middleware] | None = None) -> 
         scheme = urlparse(url).scheme
         if scheme in _REDIS_SCHEMES:
             import redis
-            from dramatiq.brokers.redis import RedisBroker
+
+            from outbox.dispatch.wake import waking_redis_broker_class
 
             pool = redis.ConnectionPool.from_url(
                 url,
                 socket_connect_timeout=REDIS_CONNECT_TIMEOUT,
                 socket_timeout=REDIS_SOCKET_TIMEOUT,
             )
-            return RedisBroker(client=redis.Redis(connection_pool=pool), middleware=middleware)
+            # Its idle consumers wait for the claimer's wake-up instead of polling blind.
+            broker_class = waking_redis_broker_class()
+            return broker_class(client=redis.Redis(connection_pool=pool), middleware=middleware)
         if scheme in _RABBITMQ_SCHEMES:
             from dramatiq.brokers.rabbitmq import RabbitmqBroker
 

@@ -42,9 +42,9 @@ from outbox.queries import queries_for
 from outbox.store import (
     INTAKE_BATCH,
     ClaimedAction,
+    Intake,
     Store,
     claim_operation,
-    intake_operation,
     release_claims_operation,
 )
 
@@ -109,18 +109,23 @@ def bounded_claim_operation(
     watch: ConsumptionWatch,
     kind_limits: Mapping[str, KindLimits] | None = None,
     cursor: dict[str, str] | None = None,
+    *,
+    locked: bool = False,
 ) -> Operation[Round]:
     """Folds the lane intake, counts in-flight and unconsumed claims per kind, and claims up to
     the bound (one probe for a kind whose claims no worker takes); run it in a transaction.
     A kind's concurrency cap (``kind_limits``) lowers its bound below ``in_flight``; its
-    per-key cap bounds each limit key's share (``claim_operation``)."""
+    per-key cap bounds each limit key's share (``claim_operation``). It takes the claim lock
+    first, unless ``locked`` (the transaction took it already: ``enter_claim_round``)."""
     kind_limits = kind_limits or {}
     q = queries_for(schema)
-    yield Statement(q["claim_lock"], {"schema": schema})
-    intake = yield from intake_operation(schema)
+    if not locked:
+        yield Statement(q["claim_lock"], {"schema": schema})
+    # The intake and the counts in one round trip (after the lock: see claim_round_state).
+    (state,) = yield Statement(q["claim_round_state"], {"limit": INTAKE_BATCH})
+    intake = Intake(int(state["folded"]), frozenset(state["paused"]))
     folded = intake.folded
-    rows = yield Statement(q["executing_by_kind"])
-    counts = {row["kind"]: row for row in rows}
+    counts = {row["kind"]: row for row in state["executing"]}
     current: dict[str, int] = {}
     limits: dict[str, int] = {}
     probing: set[str] = set()
@@ -242,8 +247,13 @@ class Claimer:
             self.watch,
             self.kind_limits,
             self.fair_cursor,
+            locked=True,
         )
         async with self.store.connection() as conn, conn.transaction():
+            # The guard took the lock: the operation does not take it again. (Not pipelined with
+            # the operation's first statement: a pipeline's trailing flush keeps the server from
+            # arming idle_in_transaction_session_timeout, so a claimer paused right after it
+            # would hold the lock for ever.)
             await enter_claim_round(conn, self.store.schema, self.settings)
             return await run_async(conn, op)
 

@@ -349,10 +349,34 @@ SELECT pg_advisory_xact_lock(2830, hashtext(%(schema)s))
 -- claimer paused or cut off while it holds the lock frees it), then takes the claim lock (as
 -- claim_lock, which then returns at once), so the claimer can time its wait. The settings come
 -- first in the target list: the lock's wait already runs under the new lock_timeout.
+-- The round commits without waiting for its WAL flush (synchronous_commit off): a claim that a
+-- server crash loses costs nothing (no attempt was counted; the action is due again under the
+-- same next epoch, and a message pushed for the lost claim is one more delivery of that epoch,
+-- which the take admits once), and anything a worker commits about the claim (its take, a
+-- synchronous commit) flushes the WAL up to and past it.
 SELECT set_config('lock_timeout', %(lock_timeout)s, true),
        set_config('statement_timeout', %(statement_timeout)s, true),
        set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, true),
+       set_config('synchronous_commit', 'off', true),
        pg_advisory_xact_lock(2830, hashtext(%(schema)s)) IS NULL AS locked
+
+-- name: claim_round_state
+-- A dispatch claim round's first look, once it holds the claim lock: folds the lane intake (as
+-- lane_intake, with the paused kinds) and counts each kind's claimed and unfinished actions (as
+-- executing_by_kind, as a JSON array) in one statement, one round trip. The counts read the
+-- statement's snapshot, taken after the lock was granted (never in the statement that waits
+-- for it), so they include every claim another claimer committed before.
+SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
+       (SELECT coalesce(array_agg(p.kind), '{}') FROM {schema}.agent_action_kind_pause p)
+           AS paused,
+       (SELECT coalesce(json_agg(e), '[]')
+          FROM (SELECT kind,
+                       count(*) FILTER (WHERE lease_until > now()) AS n,
+                       count(*) FILTER (WHERE lease_until <= now()
+                                          AND taken_epoch IS DISTINCT FROM epoch) AS unconsumed
+                  FROM {schema}.agent_action
+                 WHERE state = 'EXECUTING'
+                 GROUP BY kind) e) AS executing
 
 -- name: release_claims
 -- Claims whose push failed are given back at once: each (id, epoch) still EXECUTING at that

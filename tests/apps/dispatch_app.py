@@ -228,7 +228,8 @@ def shop_queue(suffix: str) -> str:
 def stop_inside_claim_round(marker: str) -> None:
     """Wraps the claimer's claim operation: once the claim lock is held (and ``marker.arm``
     exists), the first process to create ``marker`` writes its pid there and stops itself,
-    holding the lock, until SIGCONT."""
+    holding the lock, until SIGCONT. The lock is held once the operation's first statement
+    answered: the lock itself, or the statement the claimer sent with the guard that took it."""
     import signal
 
     from outbox.dispatch import claimer
@@ -238,9 +239,12 @@ def stop_inside_claim_round(marker: str) -> None:
     def stopping(*args: Any, **kwargs: Any) -> Any:
         inner = original(*args, **kwargs)
         statement = next(inner)
+        first = True
         while True:
             rows = yield statement
-            if "pg_advisory_xact_lock" in statement.sql and os.path.exists(f"{marker}.arm"):
+            locked = first or "pg_advisory_xact_lock" in statement.sql
+            first = False
+            if locked and os.path.exists(f"{marker}.arm"):
                 try:
                     fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
                 except FileExistsError:
