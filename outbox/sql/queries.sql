@@ -313,26 +313,34 @@ SELECT id, kind, state, stop_reason FROM expired
 -- moved, the action ended or was erased, or another delivery of this epoch took it first. The
 -- take is the run: it raises the attempt and starts the lease afresh (a message may have
 -- waited in the broker for most of the claim's lease). The attempt's history row starts here:
--- the claim's time is its lease's start, read from the row as it was before this take (a
--- sibling of an UPDATE in one WITH reads the statement's snapshot, not the update's rows).
-WITH taken AS (
-    UPDATE {schema}.agent_action a
-       SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
+-- the claim's time is its lease's start, read by the same probe that finds the row (`target`),
+-- before the update moves the lease; the update then reaches the row by its tuple id, and
+-- rechecks its conditions should a concurrent update have changed it since.
+WITH target AS (
+    SELECT a.ctid AS tid, a.epoch, a.lease_until AS claim_lease_until
+      FROM {schema}.agent_action a
      WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
        AND a.taken_epoch IS DISTINCT FROM a.epoch
-    RETURNING a.*, a.lease_until - now() AS lease_left
+), taken AS (
+    UPDATE {schema}.agent_action a
+       SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
+      FROM target
+     WHERE a.ctid = target.tid AND a.epoch = target.epoch AND a.state = 'EXECUTING'
+       AND a.taken_epoch IS DISTINCT FROM a.epoch
+    RETURNING a.*, a.lease_until - now() AS lease_left, target.claim_lease_until
 ), history AS (
     INSERT INTO {schema}.agent_action_attempt (action_id, epoch, attempt, claimed_at, taken_at)
-    SELECT t.id, t.epoch, t.attempt, o.lease_until - %(lease)s::interval, now()
-      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
+    SELECT t.id, t.epoch, t.attempt, t.claim_lease_until - %(lease)s::interval, now()
+      FROM taken t
     ON CONFLICT (action_id, epoch) DO NOTHING
 ), lost AS (
     -- A reclaimed action whose earlier attempt passed its fence and was lost (its worker
-    -- killed): that attempt's row gets its fence's time, which the row still shows.
+    -- killed): that attempt's row gets its fence's time, which the row still shows (the take
+    -- leaves write_started_at as it is).
     UPDATE {schema}.agent_action_attempt h
-       SET fence_passed_at = o.write_started_at
-      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
-     WHERE o.write_started_at IS NOT NULL
+       SET fence_passed_at = t.write_started_at
+      FROM taken t
+     WHERE t.write_started_at IS NOT NULL
        AND h.action_id = t.id AND h.epoch < t.epoch
        AND h.ended_at IS NULL AND h.fence_passed_at IS NULL
 )
@@ -363,7 +371,7 @@ UPDATE {schema}.agent_action a
    SET state = 'ADMITTED', available_at = now(), lease_until = NULL
   FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
  WHERE a.id = m.id  -- a primary-key probe per row (see take_attempts)
-   AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+   AND a.epoch = m.epoch AND (a.state = 'EXECUTING') IS TRUE
    AND a.taken_epoch IS DISTINCT FROM a.epoch
    AND a.write_started_at IS NULL
 RETURNING a.id, a.epoch
@@ -402,28 +410,37 @@ SELECT id FROM fenced
 -- name: take_attempts
 -- take_attempt for many messages in one statement (outbox/batching.py): each row keeps its own
 -- epoch and once-per-epoch check. The batched statements reach each row by `a.id = m.id`
--- alone, so the plan probes the primary key once per batch row (or hashes the batch): an
--- `a.id = ANY(ids)` scan beside it let the generic plan join the batch in a nested loop with a
--- join filter, n x n comparisons (65,280 at 256 rows). History rows as in take_attempt.
-WITH taken AS (
+-- alone, so the plan probes the primary key once per batch row: an `a.id = ANY(ids)` scan
+-- beside it let the generic plan join the batch in a nested loop with a join filter, n x n
+-- comparisons (65,280 at 256 rows). Their state test is written `(a.state = 'EXECUTING') IS
+-- TRUE` (the same, for a NOT NULL column) so that no index whose predicate is `state =
+-- 'EXECUTING'` qualifies: else a plan that guesses a batch at 100 rows (the generic plan does)
+-- may scan and hash every executing action for a batch of a few. tests/test_core_batch_plans.py
+-- counts the rows each batched statement's generic plan visits. History rows as in
+-- take_attempt, and as there one probe a row: the update follows `target`'s tuple id.
+WITH target AS (
+    SELECT a.ctid AS tid, a.epoch, a.lease_until AS claim_lease_until
+      FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
+      JOIN {schema}.agent_action a ON a.id = m.id
+     WHERE a.epoch = m.epoch AND (a.state = 'EXECUTING') IS TRUE
+       AND a.taken_epoch IS DISTINCT FROM a.epoch
+), taken AS (
     UPDATE {schema}.agent_action a
        SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
-      FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
-     WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+      FROM target
+     WHERE a.ctid = target.tid AND a.epoch = target.epoch AND (a.state = 'EXECUTING') IS TRUE
        AND a.taken_epoch IS DISTINCT FROM a.epoch
-    RETURNING a.*, a.lease_until - now() AS lease_left
+    RETURNING a.*, a.lease_until - now() AS lease_left, target.claim_lease_until
 ), history AS (
     INSERT INTO {schema}.agent_action_attempt (action_id, epoch, attempt, claimed_at, taken_at)
-    SELECT t.id, t.epoch, t.attempt, o.lease_until - %(lease)s::interval, now()
-      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
+    SELECT t.id, t.epoch, t.attempt, t.claim_lease_until - %(lease)s::interval, now()
+      FROM taken t
     ON CONFLICT (action_id, epoch) DO NOTHING
 ), lost AS (
-    -- A reclaimed action whose earlier attempt passed its fence and was lost (its worker
-    -- killed): that attempt's row gets its fence's time, which the row still shows.
     UPDATE {schema}.agent_action_attempt h
-       SET fence_passed_at = o.write_started_at
-      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
-     WHERE o.write_started_at IS NOT NULL
+       SET fence_passed_at = t.write_started_at
+      FROM taken t
+     WHERE t.write_started_at IS NOT NULL
        AND h.action_id = t.id AND h.epoch < t.epoch
        AND h.ended_at IS NULL AND h.fence_passed_at IS NULL
 )
@@ -437,7 +454,8 @@ WITH fenced AS (
       FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(margins)s::interval[],
                   %(refs)s::text[], %(claimed_ats)s::timestamptz[])
            AS m(id, epoch, margin, ref, claimed_at)
-     WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'  -- see take_attempts
+     WHERE a.id = m.id AND a.epoch = m.epoch  -- see take_attempts
+       AND (a.state = 'EXECUTING') IS TRUE
        AND a.lease_until - now() >= m.margin
     RETURNING a.id, a.epoch, a.attempt, m.ref, m.claimed_at
 ), history AS (
@@ -489,7 +507,7 @@ UPDATE {schema}.agent_action a
                       %(fenced)s::boolean[])
                AS u(id, epoch, state, stop_reason, ref, retry_reason, after, gives_back,
                     error_class, claimed_at, fenced)) m
- WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+ WHERE a.id = m.id AND a.epoch = m.epoch AND (a.state = 'EXECUTING') IS TRUE  -- take_attempts
 -- This attempt's fence time: an end keeps write_started_at, a wait moved it to
 -- earlier_write_at (both only meaningful when this attempt passed its fence).
 RETURNING a.id, a.epoch, a.attempt + m.gives_back::int AS attempt, m.state, m.waits,
