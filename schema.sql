@@ -14,7 +14,23 @@ CREATE FUNCTION outbox.agent_action_inserted() RETURNS trigger
     AS $$
 DECLARE
     bad record;
+    unknown text;
 BEGIN
+    PERFORM 1 FROM agent_action_kind k
+     WHERE k.name IN (SELECT DISTINCT n.kind FROM new_actions n)
+       FOR KEY SHARE OF k;
+    SELECT n.kind INTO unknown
+      FROM new_actions n
+     WHERE NOT EXISTS (SELECT 1 FROM agent_action_kind k WHERE k.name = n.kind)
+     ORDER BY n.id
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'insert or update on table "agent_action" violates foreign key constraint "agent_action_kind_fkey"'
+            USING ERRCODE = 'foreign_key_violation', TABLE = 'agent_action',
+                  CONSTRAINT = 'agent_action_kind_fkey',
+                  DETAIL = format('Key (kind)=(%s) is not present in table "agent_action_kind".',
+                                  unknown);
+    END IF;
     SELECT n.id, n.kind, n.state, n.epoch, n.attempt INTO bad
       FROM new_actions n
       LEFT JOIN agent_action_kind k ON k.name = n.kind
@@ -37,6 +53,27 @@ BEGIN
     SELECT n.lane_key, max(n.priority) FROM new_actions n GROUP BY n.lane_key;
     PERFORM pg_notify('outbox_' || current_schema(), '');
     RETURN NULL;
+END;
+$$;
+
+-- function agent_action_kind_in_use()
+
+CREATE FUNCTION outbox.agent_action_kind_in_use() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox'
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM agent_action a WHERE a.kind = OLD.name) THEN
+        RAISE EXCEPTION 'update or delete on table "agent_action_kind" violates foreign key constraint "agent_action_kind_fkey" on table "agent_action"'
+            USING ERRCODE = 'foreign_key_violation', TABLE = 'agent_action_kind',
+                  CONSTRAINT = 'agent_action_kind_fkey',
+                  DETAIL = format('Key (name)=(%s) is still referenced from table "agent_action".',
+                                  OLD.name);
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    RETURN NEW;
 END;
 $$;
 
@@ -728,6 +765,14 @@ CREATE UNIQUE INDEX ux_agent_action_lane_executing ON outbox.agent_action USING 
 
 CREATE TRIGGER agent_action_inserted AFTER INSERT ON outbox.agent_action REFERENCING NEW TABLE AS new_actions FOR EACH STATEMENT EXECUTE FUNCTION outbox.agent_action_inserted();
 
+-- trigger agent_action_kind agent_action_kind_in_use
+
+CREATE TRIGGER agent_action_kind_in_use BEFORE DELETE ON outbox.agent_action_kind FOR EACH ROW EXECUTE FUNCTION outbox.agent_action_kind_in_use();
+
+-- trigger agent_action_kind agent_action_kind_renamed
+
+CREATE TRIGGER agent_action_kind_renamed BEFORE UPDATE ON outbox.agent_action_kind FOR EACH ROW WHEN ((new.name IS DISTINCT FROM old.name)) EXECUTE FUNCTION outbox.agent_action_kind_in_use();
+
 -- trigger agent_action agent_action_lane_track_delete
 
 CREATE TRIGGER agent_action_lane_track_delete AFTER DELETE ON outbox.agent_action FOR EACH ROW WHEN ((old.state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text, 'EXECUTING'::text]))) EXECUTE FUNCTION outbox.agent_action_lane_track();
@@ -748,11 +793,6 @@ CREATE TRIGGER guard_agent_action BEFORE UPDATE ON outbox.agent_action FOR EACH 
             WHEN ((new.epoch IS DISTINCT FROM old.epoch) OR ((new.state = 'EXECUTING'::text) AND (old.state <> 'EXECUTING'::text))) THEN ((new.state = 'EXECUTING'::text) AND (new.epoch = (old.epoch + 1)) AND ((new.attempt = old.attempt) OR ((new.attempt = (old.attempt + 1)) AND (NOT (new.taken_epoch IS DISTINCT FROM new.epoch)))) AND (NOT ((old.state = 'EXECUTING'::text) AND (old.write_started_at IS NOT NULL))))
             ELSE true
         END), false))) EXECUTE FUNCTION outbox.guard_agent_action();
-
--- fk constraint agent_action agent_action_kind_fkey
-
-ALTER TABLE ONLY outbox.agent_action
-    ADD CONSTRAINT agent_action_kind_fkey FOREIGN KEY (kind) REFERENCES outbox.agent_action_kind(name);
 
 -- fk constraint agent_action_kind_pause agent_action_kind_pause_kind_fkey
 

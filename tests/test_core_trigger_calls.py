@@ -215,3 +215,53 @@ def test_a_batched_claim_fence_and_finish_call_each_trigger_once_a_statement(db,
     assert "agent_action_lane_refresh" not in calls, calls
     lanes = db.execute("SELECT count(*) FROM agent_action_lane").fetchone()[0]
     assert lanes == 0
+
+
+def test_an_unknown_kind_is_refused_once_a_statement_as_the_foreign_key_refused_it(db):
+    with pytest.raises(psycopg.errors.ForeignKeyViolation) as refused:
+        db.execute(
+            "INSERT INTO agent_action (kind, workspace_id, lane_key, idempotency_key, payload)"
+            " VALUES ('NOTE', 'w', 'a', 'a', '{}'), ('NOT_A_KIND', 'w', 'b', 'b', '{}')"
+        )
+    assert refused.value.diag.constraint_name == "agent_action_kind_fkey"
+    assert "NOT_A_KIND" in (refused.value.diag.message_detail or "")
+    db.rollback()
+    assert db.execute("SELECT count(*) FROM agent_action").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM agent_action_lane_intake").fetchone()[0] == 0
+
+
+def test_a_kind_that_actions_name_is_neither_deleted_nor_renamed(db, schema):
+    enqueue_many(
+        db,
+        [ActionRequest(kind="NOTE", workspace_id="w", lane_key="l", idempotency_key="k")],
+        schema=schema,
+    )
+    db.commit()
+    with pytest.raises(psycopg.errors.ForeignKeyViolation, match="still referenced"):
+        db.execute("DELETE FROM agent_action_kind WHERE name = 'NOTE'")
+    db.rollback()
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):
+        db.execute("UPDATE agent_action_kind SET name = 'NOTE2' WHERE name = 'NOTE'")
+    db.rollback()
+    # A flag change and a kind no action names are free, as they were.
+    db.execute("UPDATE agent_action_kind SET instance_level = true WHERE name = 'NOTE'")
+    db.execute("DELETE FROM agent_action_kind WHERE name = 'ONCE'")
+    db.rollback()
+
+
+def test_a_kind_deleted_while_an_enqueue_holds_it_waits_and_is_refused(db, database_url, schema):
+    enqueue_many(
+        db,
+        [ActionRequest(kind="ONCE", workspace_id="w", lane_key="l", idempotency_key="k")],
+        schema=schema,
+    )  # not committed: the enqueue's transaction holds the kind
+    with psycopg.connect(database_url, autocommit=True) as other:
+        other.execute(f'SET search_path TO "{schema}"')
+        other.execute("SET lock_timeout = '200ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            other.execute("DELETE FROM agent_action_kind WHERE name = 'ONCE'")
+    db.commit()
+    with psycopg.connect(database_url, autocommit=True) as other:
+        other.execute(f'SET search_path TO "{schema}"')
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            other.execute("DELETE FROM agent_action_kind WHERE name = 'ONCE'")

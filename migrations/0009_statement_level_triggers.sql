@@ -13,7 +13,11 @@
 --   its transition tables: lane rows locked in lane_key order, then refreshed set-based; a lane
 --   left idle with a waiting head still goes through agent_action_lane_refresh (which decides
 --   whether to wake the claimers), and a change that involves no executing action still only
---   appends to the lane intake (0005). Deletes (erasure) keep their row trigger.
+--   appends to the lane intake (0005). Deletes (erasure) keep their row trigger;
+-- - an insert checks its kinds once a statement in agent_action_inserted (one share lock a
+--   kind), where the foreign key to agent_action_kind ran a trigger and a lookup a row: about a
+--   quarter of an enqueue_many's server time. A kind that actions still name can be neither
+--   deleted nor renamed, as before; the errors are the foreign key's.
 
 DROP TRIGGER guard_agent_action ON agent_action;
 -- The guard runs unless the update surely passes every one of its checks: the row has not
@@ -158,3 +162,84 @@ CREATE TRIGGER agent_action_lanes_moved
     REFERENCING OLD TABLE AS old_actions NEW TABLE AS new_actions
     FOR EACH STATEMENT
     EXECUTE FUNCTION agent_action_lanes_moved();
+
+-- The kinds of new actions: checked by agent_action_inserted, kept by agent_action_kind_in_use.
+ALTER TABLE agent_action DROP CONSTRAINT agent_action_kind_fkey;
+
+-- An insert, as in 0008, with the foreign key's check of the kinds first (where its row
+-- triggers ran, before this statement-level one): each distinct kind is locked against a
+-- deletion until this transaction ends (FOR KEY SHARE, as the foreign key locked it a row),
+-- then every new action's kind must exist (a kind deleted before the lock is not found).
+CREATE OR REPLACE FUNCTION agent_action_inserted() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    bad record;
+    unknown text;
+BEGIN
+    PERFORM 1 FROM agent_action_kind k
+     WHERE k.name IN (SELECT DISTINCT n.kind FROM new_actions n)
+       FOR KEY SHARE OF k;
+    SELECT n.kind INTO unknown
+      FROM new_actions n
+     WHERE NOT EXISTS (SELECT 1 FROM agent_action_kind k WHERE k.name = n.kind)
+     ORDER BY n.id
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'insert or update on table "agent_action" violates foreign key constraint "agent_action_kind_fkey"'
+            USING ERRCODE = 'foreign_key_violation', TABLE = 'agent_action',
+                  CONSTRAINT = 'agent_action_kind_fkey',
+                  DETAIL = format('Key (kind)=(%s) is not present in table "agent_action_kind".',
+                                  unknown);
+    END IF;
+    SELECT n.id, n.kind, n.state, n.epoch, n.attempt INTO bad
+      FROM new_actions n
+      LEFT JOIN agent_action_kind k ON k.name = n.kind
+     WHERE n.state NOT IN ('PROPOSED', 'ADMITTED') OR n.epoch <> 0 OR n.attempt <> 0
+        OR (n.workspace_id IS NULL AND NOT coalesce(k.instance_level, true))
+     ORDER BY n.id
+     LIMIT 1;
+    IF FOUND THEN
+        IF bad.state NOT IN ('PROPOSED', 'ADMITTED') THEN
+            RAISE EXCEPTION 'guard_agent_action: a new action starts PROPOSED or ADMITTED, not %',
+                bad.state USING ERRCODE = 'check_violation';
+        ELSIF bad.epoch <> 0 OR bad.attempt <> 0 THEN
+            RAISE EXCEPTION 'guard_agent_action: a new action starts at epoch 0 and attempt 0'
+                USING ERRCODE = 'check_violation';
+        END IF;
+        RAISE EXCEPTION 'guard_agent_action: kind % is not instance-level, workspace_id is required',
+            bad.kind USING ERRCODE = 'check_violation';
+    END IF;
+    INSERT INTO agent_action_lane_intake (lane_key, priority)
+    SELECT n.lane_key, max(n.priority) FROM new_actions n GROUP BY n.lane_key;
+    PERFORM pg_notify('outbox_' || current_schema(), '');
+    RETURN NULL;
+END;
+$$;
+
+-- A kind that actions name is neither deleted nor renamed (what the foreign key refused). Its
+-- row lock comes first (a BEFORE trigger runs once the row is locked), so an enqueue that holds
+-- the kind has committed, and its actions are seen, before this looks.
+CREATE FUNCTION agent_action_kind_in_use() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM agent_action a WHERE a.kind = OLD.name) THEN
+        RAISE EXCEPTION 'update or delete on table "agent_action_kind" violates foreign key constraint "agent_action_kind_fkey" on table "agent_action"'
+            USING ERRCODE = 'foreign_key_violation', TABLE = 'agent_action_kind',
+                  CONSTRAINT = 'agent_action_kind_fkey',
+                  DETAIL = format('Key (name)=(%s) is still referenced from table "agent_action".',
+                                  OLD.name);
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE TRIGGER agent_action_kind_in_use
+    BEFORE DELETE ON agent_action_kind
+    FOR EACH ROW EXECUTE FUNCTION agent_action_kind_in_use();
+CREATE TRIGGER agent_action_kind_renamed
+    BEFORE UPDATE ON agent_action_kind
+    FOR EACH ROW WHEN (NEW.name IS DISTINCT FROM OLD.name)
+    EXECUTE FUNCTION agent_action_kind_in_use();
