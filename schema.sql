@@ -14,32 +14,26 @@ CREATE FUNCTION outbox.agent_action_inserted() RETURNS trigger
     AS $$
 DECLARE
     bad record;
-    unknown text;
 BEGIN
-    PERFORM 1 FROM agent_action_kind k
-     WHERE k.name IN (SELECT DISTINCT n.kind FROM new_actions n)
-       FOR KEY SHARE OF k;
-    SELECT n.kind INTO unknown
+    SELECT n.id, n.kind, n.state, n.epoch, n.attempt, k.name IS NOT NULL AS known INTO bad
       FROM new_actions n
-     WHERE NOT EXISTS (SELECT 1 FROM agent_action_kind k WHERE k.name = n.kind)
-     ORDER BY n.id
+      LEFT JOIN (SELECT k.name, k.instance_level
+                   FROM agent_action_kind k
+                  WHERE k.name IN (SELECT n.kind FROM new_actions n)
+                    FOR KEY SHARE OF k) k ON k.name = n.kind
+     WHERE k.name IS NULL
+        OR n.state NOT IN ('PROPOSED', 'ADMITTED') OR n.epoch <> 0 OR n.attempt <> 0
+        OR (n.workspace_id IS NULL AND NOT k.instance_level)
+     ORDER BY k.name IS NULL DESC, n.id
      LIMIT 1;
     IF FOUND THEN
-        RAISE EXCEPTION 'insert or update on table "agent_action" violates foreign key constraint "agent_action_kind_fkey"'
-            USING ERRCODE = 'foreign_key_violation', TABLE = 'agent_action',
-                  CONSTRAINT = 'agent_action_kind_fkey',
-                  DETAIL = format('Key (kind)=(%s) is not present in table "agent_action_kind".',
-                                  unknown);
-    END IF;
-    SELECT n.id, n.kind, n.state, n.epoch, n.attempt INTO bad
-      FROM new_actions n
-      LEFT JOIN agent_action_kind k ON k.name = n.kind
-     WHERE n.state NOT IN ('PROPOSED', 'ADMITTED') OR n.epoch <> 0 OR n.attempt <> 0
-        OR (n.workspace_id IS NULL AND NOT coalesce(k.instance_level, true))
-     ORDER BY n.id
-     LIMIT 1;
-    IF FOUND THEN
-        IF bad.state NOT IN ('PROPOSED', 'ADMITTED') THEN
+        IF NOT bad.known THEN
+            RAISE EXCEPTION 'insert or update on table "agent_action" violates foreign key constraint "agent_action_kind_fkey"'
+                USING ERRCODE = 'foreign_key_violation', TABLE = 'agent_action',
+                      CONSTRAINT = 'agent_action_kind_fkey',
+                      DETAIL = format('Key (kind)=(%s) is not present in table "agent_action_kind".',
+                                      bad.kind);
+        ELSIF bad.state NOT IN ('PROPOSED', 'ADMITTED') THEN
             RAISE EXCEPTION 'guard_agent_action: a new action starts PROPOSED or ADMITTED, not %',
                 bad.state USING ERRCODE = 'check_violation';
         ELSIF bad.epoch <> 0 OR bad.attempt <> 0 THEN
