@@ -59,20 +59,22 @@ CREATE FUNCTION agent_action_lanes_moved() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     keys text[];
+    waiting text[];
     idle text[];
     locked integer;
 BEGIN
-    WITH moved AS (
-        SELECT n.lane_key, (n.state = 'EXECUTING' OR o.state = 'EXECUTING') AS now
-          FROM new_actions n
-          JOIN old_actions o ON o.id = n.id
-         WHERE n.state IS DISTINCT FROM o.state
-            OR (n.state = 'ADMITTED' AND n.available_at IS DISTINCT FROM o.available_at)
-    ), intake AS (
-        INSERT INTO agent_action_lane_intake (lane_key)
-        SELECT m.lane_key FROM moved m WHERE NOT m.now
-    )
-    SELECT array_agg(DISTINCT m.lane_key ORDER BY m.lane_key) INTO keys FROM moved m WHERE m.now;
+    -- One plain query first: a fence's or a take's statement (nothing moved) ends here.
+    SELECT array_agg(DISTINCT n.lane_key ORDER BY n.lane_key)
+               FILTER (WHERE n.state = 'EXECUTING' OR o.state = 'EXECUTING'),
+           array_agg(n.lane_key) FILTER (WHERE n.state <> 'EXECUTING' AND o.state <> 'EXECUTING')
+      INTO keys, waiting
+      FROM new_actions n
+      JOIN old_actions o ON o.id = n.id
+     WHERE n.state IS DISTINCT FROM o.state
+        OR (n.state = 'ADMITTED' AND n.available_at IS DISTINCT FROM o.available_at);
+    IF waiting IS NOT NULL THEN
+        INSERT INTO agent_action_lane_intake (lane_key) SELECT unnest(waiting);
+    END IF;
     IF keys IS NULL THEN
         RETURN NULL;
     END IF;
