@@ -13,7 +13,10 @@
 --   its transition tables: lane rows locked in lane_key order, then refreshed set-based; a lane
 --   left idle with a waiting head still goes through agent_action_lane_refresh (which decides
 --   whether to wake the claimers), and a change that involves no executing action still only
---   appends to the lane intake (0005). Deletes (erasure) keep their row trigger;
+--   appends to the lane intake (0005). A statement-level trigger has no WHEN clause, so a
+--   fence's or a take's statement now calls the function too, which ends after one query over
+--   the transition tables: one call a statement where a claim or a finish paid one a row.
+--   Deletes (erasure) keep their row trigger;
 -- - an insert checks its kinds once a statement in agent_action_inserted (one share lock a
 --   kind), where the foreign key to agent_action_kind ran a trigger and a lookup a row: about a
 --   quarter of an enqueue_many's server time. A kind that actions still name can be neither

@@ -371,7 +371,7 @@ UPDATE {schema}.agent_action a
    SET state = 'ADMITTED', available_at = now(), lease_until = NULL
   FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
  WHERE a.id = m.id  -- a primary-key probe per row (see take_attempts)
-   AND a.epoch = m.epoch AND (a.state = 'EXECUTING') IS TRUE
+   AND a.epoch = m.epoch AND a.state = 'EXECUTING'
    AND a.taken_epoch IS DISTINCT FROM a.epoch
    AND a.write_started_at IS NULL
 RETURNING a.id, a.epoch
@@ -412,23 +412,20 @@ SELECT id FROM fenced
 -- epoch and once-per-epoch check. The batched statements reach each row by `a.id = m.id`
 -- alone, so the plan probes the primary key once per batch row: an `a.id = ANY(ids)` scan
 -- beside it let the generic plan join the batch in a nested loop with a join filter, n x n
--- comparisons (65,280 at 256 rows). Their state test is written `(a.state = 'EXECUTING') IS
--- TRUE` (the same, for a NOT NULL column) so that no index whose predicate is `state =
--- 'EXECUTING'` qualifies: else a plan that guesses a batch at 100 rows (the generic plan does)
--- may scan and hash every executing action for a batch of a few. tests/test_core_batch_plans.py
--- counts the rows each batched statement's generic plan visits. History rows as in
--- take_attempt, and as there one probe a row: the update follows `target`'s tuple id.
+-- comparisons (65,280 at 256 rows; tests/test_core_batch_plans.py counts the rows each batched
+-- statement's generic plan visits). History rows as in take_attempt, and as there one probe a
+-- row: the update follows `target`'s tuple id.
 WITH target AS (
     SELECT a.ctid AS tid, a.epoch, a.lease_until AS claim_lease_until
       FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
       JOIN {schema}.agent_action a ON a.id = m.id
-     WHERE a.epoch = m.epoch AND (a.state = 'EXECUTING') IS TRUE
+     WHERE a.epoch = m.epoch AND a.state = 'EXECUTING'
        AND a.taken_epoch IS DISTINCT FROM a.epoch
 ), taken AS (
     UPDATE {schema}.agent_action a
        SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
       FROM target
-     WHERE a.ctid = target.tid AND a.epoch = target.epoch AND (a.state = 'EXECUTING') IS TRUE
+     WHERE a.ctid = target.tid AND a.epoch = target.epoch AND a.state = 'EXECUTING'
        AND a.taken_epoch IS DISTINCT FROM a.epoch
     RETURNING a.*, a.lease_until - now() AS lease_left, target.claim_lease_until
 ), history AS (
@@ -454,8 +451,7 @@ WITH fenced AS (
       FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(margins)s::interval[],
                   %(refs)s::text[], %(claimed_ats)s::timestamptz[])
            AS m(id, epoch, margin, ref, claimed_at)
-     WHERE a.id = m.id AND a.epoch = m.epoch  -- see take_attempts
-       AND (a.state = 'EXECUTING') IS TRUE
+     WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'  -- see take_attempts
        AND a.lease_until - now() >= m.margin
     RETURNING a.id, a.epoch, a.attempt, m.ref, m.claimed_at
 ), history AS (
@@ -507,7 +503,7 @@ UPDATE {schema}.agent_action a
                       %(fenced)s::boolean[])
                AS u(id, epoch, state, stop_reason, ref, retry_reason, after, gives_back,
                     error_class, claimed_at, fenced)) m
- WHERE a.id = m.id AND a.epoch = m.epoch AND (a.state = 'EXECUTING') IS TRUE  -- take_attempts
+ WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
 -- This attempt's fence time: an end keeps write_started_at, a wait moved it to
 -- earlier_write_at (both only meaningful when this attempt passed its fence).
 RETURNING a.id, a.epoch, a.attempt + m.gives_back::int AS attempt, m.state, m.waits,
