@@ -15,15 +15,25 @@ CREATE FUNCTION outbox.agent_action_inserted() RETURNS trigger
 DECLARE
     bad record;
 BEGIN
-    SELECT n.id, n.kind, n.state, n.epoch, n.attempt INTO bad
+    SELECT n.id, n.kind, n.state, n.epoch, n.attempt, k.name IS NOT NULL AS known INTO bad
       FROM new_actions n
-      LEFT JOIN agent_action_kind k ON k.name = n.kind
-     WHERE n.state NOT IN ('PROPOSED', 'ADMITTED') OR n.epoch <> 0 OR n.attempt <> 0
-        OR (n.workspace_id IS NULL AND NOT coalesce(k.instance_level, true))
-     ORDER BY n.id
+      LEFT JOIN (SELECT k.name, k.instance_level
+                   FROM agent_action_kind k
+                  WHERE k.name IN (SELECT n.kind FROM new_actions n)
+                    FOR KEY SHARE OF k) k ON k.name = n.kind
+     WHERE k.name IS NULL
+        OR n.state NOT IN ('PROPOSED', 'ADMITTED') OR n.epoch <> 0 OR n.attempt <> 0
+        OR (n.workspace_id IS NULL AND NOT k.instance_level)
+     ORDER BY k.name IS NULL DESC, n.id
      LIMIT 1;
     IF FOUND THEN
-        IF bad.state NOT IN ('PROPOSED', 'ADMITTED') THEN
+        IF NOT bad.known THEN
+            RAISE EXCEPTION 'insert or update on table "agent_action" violates foreign key constraint "agent_action_kind_fkey"'
+                USING ERRCODE = 'foreign_key_violation', TABLE = 'agent_action',
+                      CONSTRAINT = 'agent_action_kind_fkey',
+                      DETAIL = format('Key (kind)=(%s) is not present in table "agent_action_kind".',
+                                      bad.kind);
+        ELSIF bad.state NOT IN ('PROPOSED', 'ADMITTED') THEN
             RAISE EXCEPTION 'guard_agent_action: a new action starts PROPOSED or ADMITTED, not %',
                 bad.state USING ERRCODE = 'check_violation';
         ELSIF bad.epoch <> 0 OR bad.attempt <> 0 THEN
@@ -37,6 +47,27 @@ BEGIN
     SELECT n.lane_key, max(n.priority) FROM new_actions n GROUP BY n.lane_key;
     PERFORM pg_notify('outbox_' || current_schema(), '');
     RETURN NULL;
+END;
+$$;
+
+-- function agent_action_kind_in_use()
+
+CREATE FUNCTION outbox.agent_action_kind_in_use() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox'
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM agent_action a WHERE a.kind = OLD.name) THEN
+        RAISE EXCEPTION 'update or delete on table "agent_action_kind" violates foreign key constraint "agent_action_kind_fkey" on table "agent_action"'
+            USING ERRCODE = 'foreign_key_violation', TABLE = 'agent_action_kind',
+                  CONSTRAINT = 'agent_action_kind_fkey',
+                  DETAIL = format('Key (name)=(%s) is still referenced from table "agent_action".',
+                                  OLD.name);
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    RETURN NEW;
 END;
 $$;
 
@@ -183,6 +214,113 @@ BEGIN
         PERFORM agent_action_lane_refresh(NEW.lane_key);
     ELSE
         INSERT INTO agent_action_lane_intake (lane_key) VALUES (NEW.lane_key);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- function agent_action_lanes_moved()
+
+CREATE FUNCTION outbox.agent_action_lanes_moved() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox'
+    AS $$
+DECLARE
+    keys text[];
+    waiting text[];
+    idle text[];
+    locked integer;
+BEGIN
+    -- One plain query first: a fence's or a take's statement (nothing moved) ends here.
+    SELECT array_agg(DISTINCT n.lane_key ORDER BY n.lane_key)
+               FILTER (WHERE n.state = 'EXECUTING' OR o.state = 'EXECUTING'),
+           array_agg(n.lane_key) FILTER (WHERE n.state <> 'EXECUTING' AND o.state <> 'EXECUTING')
+      INTO keys, waiting
+      FROM new_actions n
+      JOIN old_actions o ON o.id = n.id
+     WHERE n.state IS DISTINCT FROM o.state
+        OR (n.state = 'ADMITTED' AND n.available_at IS DISTINCT FROM o.available_at);
+    IF waiting IS NOT NULL THEN
+        INSERT INTO agent_action_lane_intake (lane_key) SELECT unnest(waiting);
+    END IF;
+    IF keys IS NULL THEN
+        RETURN NULL;
+    END IF;
+
+    -- The lane rows are locked first, in lane_key order, so two statements over the same lanes
+    -- never wait on each other in a cycle; each query after the lock sees what committed.
+    -- (Joined to unnest, not `= ANY (keys)`: that filter compared every lane row with every key.)
+    SELECT count(*) INTO locked
+      FROM (SELECT 1 FROM unnest(keys) AS k(lane_key)
+              JOIN agent_action_lane l ON l.lane_key = k.lane_key
+             ORDER BY l.lane_key
+               FOR UPDATE OF l) x;
+    IF locked < cardinality(keys) THEN
+        -- A lane without a row (the outbox's own statements always find one): made, then locked.
+        INSERT INTO agent_action_lane (lane_key)
+        SELECT k FROM unnest(keys) AS k ORDER BY k
+        ON CONFLICT DO NOTHING;
+        PERFORM 1 FROM unnest(keys) AS k(lane_key)
+          JOIN agent_action_lane l ON l.lane_key = k.lane_key
+         ORDER BY l.lane_key
+           FOR UPDATE OF l;
+    END IF;
+
+    -- Each lane's head (its smallest waiting action) and executing action, as
+    -- agent_action_lane_refresh reads them; a lane with neither is dropped (or, held by an
+    -- erased write, kept empty), a lane with an executing action is written here.
+    WITH lane AS (
+        SELECT k.lane_key, h.id AS head_id, h.kind AS head_kind,
+               CASE WHEN h.state = 'ADMITTED' THEN h.available_at END AS head_due_at,
+               coalesce(h.priority, 0) AS head_priority,
+               coalesce(h.limit_key, '') AS head_limit_key,
+               x.id AS executing_id
+          FROM unnest(keys) AS k(lane_key)
+          LEFT JOIN LATERAL (
+                SELECT a.id, a.kind, a.state, a.available_at, a.priority,
+                       coalesce(a.limit_key, a.workspace_id, '') AS limit_key
+                  FROM agent_action a
+                 WHERE a.lane_key = k.lane_key AND a.state IN ('PROPOSED', 'ADMITTED')
+                 ORDER BY a.id
+                 LIMIT 1) h ON true
+          LEFT JOIN LATERAL (
+                SELECT a.id FROM agent_action a
+                 WHERE a.lane_key = k.lane_key AND a.state = 'EXECUTING'
+                 LIMIT 1) x ON true
+    ), dropped AS (
+        DELETE FROM agent_action_lane l
+         USING lane
+         WHERE l.lane_key = lane.lane_key
+           AND lane.head_id IS NULL AND lane.executing_id IS NULL
+           AND (l.busy_until IS NULL OR l.busy_until <= now())
+    ), held AS (
+        UPDATE agent_action_lane l
+           SET head_id = NULL, head_kind = NULL, head_due_at = NULL, executing_id = NULL
+          FROM lane
+         WHERE l.lane_key = lane.lane_key
+           AND lane.head_id IS NULL AND lane.executing_id IS NULL
+           AND l.busy_until > now()
+    ), busy AS (
+        UPDATE agent_action_lane l
+           SET head_id = lane.head_id, head_kind = lane.head_kind,
+               head_due_at = lane.head_due_at, executing_id = lane.executing_id,
+               head_priority = lane.head_priority, head_limit_key = lane.head_limit_key
+          FROM lane
+         WHERE l.lane_key = lane.lane_key
+           AND lane.executing_id IS NOT NULL
+           AND (l.head_id, l.head_kind, l.head_due_at, l.executing_id, l.head_priority,
+                l.head_limit_key) IS DISTINCT FROM
+               (lane.head_id, lane.head_kind, lane.head_due_at, lane.executing_id,
+                lane.head_priority, lane.head_limit_key)
+    )
+    SELECT array_agg(lane.lane_key ORDER BY lane.lane_key) INTO idle
+      FROM lane
+     WHERE lane.executing_id IS NULL AND lane.head_id IS NOT NULL;
+
+    -- A lane left idle with a waiting head: the refresh writes it and wakes the claimers if
+    -- the head is due (0004), as for a lane the intake folds.
+    IF idle IS NOT NULL THEN
+        PERFORM agent_action_lane_refresh(k) FROM unnest(idle) AS k ORDER BY k;
     END IF;
     RETURN NULL;
 END;
@@ -623,22 +761,34 @@ CREATE UNIQUE INDEX ux_agent_action_lane_executing ON outbox.agent_action USING 
 
 CREATE TRIGGER agent_action_inserted AFTER INSERT ON outbox.agent_action REFERENCING NEW TABLE AS new_actions FOR EACH STATEMENT EXECUTE FUNCTION outbox.agent_action_inserted();
 
--- trigger agent_action agent_action_lane_track
+-- trigger agent_action_kind agent_action_kind_in_use
 
-CREATE TRIGGER agent_action_lane_track AFTER UPDATE ON outbox.agent_action FOR EACH ROW WHEN (((new.state IS DISTINCT FROM old.state) OR ((new.state = 'ADMITTED'::text) AND (new.available_at IS DISTINCT FROM old.available_at)))) EXECUTE FUNCTION outbox.agent_action_lane_track();
+CREATE TRIGGER agent_action_kind_in_use BEFORE DELETE ON outbox.agent_action_kind FOR EACH ROW EXECUTE FUNCTION outbox.agent_action_kind_in_use();
+
+-- trigger agent_action_kind agent_action_kind_renamed
+
+CREATE TRIGGER agent_action_kind_renamed BEFORE UPDATE ON outbox.agent_action_kind FOR EACH ROW WHEN ((new.name IS DISTINCT FROM old.name)) EXECUTE FUNCTION outbox.agent_action_kind_in_use();
 
 -- trigger agent_action agent_action_lane_track_delete
 
 CREATE TRIGGER agent_action_lane_track_delete AFTER DELETE ON outbox.agent_action FOR EACH ROW WHEN ((old.state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text, 'EXECUTING'::text]))) EXECUTE FUNCTION outbox.agent_action_lane_track();
 
+-- trigger agent_action agent_action_lanes_moved
+
+CREATE TRIGGER agent_action_lanes_moved AFTER UPDATE ON outbox.agent_action REFERENCING OLD TABLE AS old_actions NEW TABLE AS new_actions FOR EACH STATEMENT EXECUTE FUNCTION outbox.agent_action_lanes_moved();
+
 -- trigger agent_action guard_agent_action
 
-CREATE TRIGGER guard_agent_action BEFORE UPDATE ON outbox.agent_action FOR EACH ROW WHEN (((old.state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) OR (new.state IS DISTINCT FROM old.state) OR (new.epoch IS DISTINCT FROM old.epoch) OR ((((((new.id IS DISTINCT FROM old.id) OR (new.kind IS DISTINCT FROM old.kind)) OR (new.lane_key IS DISTINCT FROM old.lane_key)) OR (new.idempotency_key IS DISTINCT FROM old.idempotency_key)) OR (new.workspace_id IS DISTINCT FROM old.workspace_id)) OR (new.created_at IS DISTINCT FROM old.created_at)))) EXECUTE FUNCTION outbox.guard_agent_action();
-
--- fk constraint agent_action agent_action_kind_fkey
-
-ALTER TABLE ONLY outbox.agent_action
-    ADD CONSTRAINT agent_action_kind_fkey FOREIGN KEY (kind) REFERENCES outbox.agent_action_kind(name);
+CREATE TRIGGER guard_agent_action BEFORE UPDATE ON outbox.agent_action FOR EACH ROW WHEN ((NOT COALESCE(((old.state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text, 'EXECUTING'::text])) AND (NOT ((((((new.id IS DISTINCT FROM old.id) OR (new.kind IS DISTINCT FROM old.kind)) OR (new.lane_key IS DISTINCT FROM old.lane_key)) OR (new.idempotency_key IS DISTINCT FROM old.idempotency_key)) OR (new.workspace_id IS DISTINCT FROM old.workspace_id)) OR (new.created_at IS DISTINCT FROM old.created_at))) AND
+        CASE old.state
+            WHEN 'PROPOSED'::text THEN (new.state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text, 'CANCELLED'::text]))
+            WHEN 'ADMITTED'::text THEN (new.state = ANY (ARRAY['ADMITTED'::text, 'EXECUTING'::text, 'CANCELLED'::text]))
+            ELSE (new.state <> 'PROPOSED'::text)
+        END AND
+        CASE
+            WHEN ((new.epoch IS DISTINCT FROM old.epoch) OR ((new.state = 'EXECUTING'::text) AND (old.state <> 'EXECUTING'::text))) THEN ((new.state = 'EXECUTING'::text) AND (new.epoch = (old.epoch + 1)) AND ((new.attempt = old.attempt) OR ((new.attempt = (old.attempt + 1)) AND (NOT (new.taken_epoch IS DISTINCT FROM new.epoch)))) AND (NOT ((old.state = 'EXECUTING'::text) AND (old.write_started_at IS NOT NULL))))
+            ELSE true
+        END), false))) EXECUTE FUNCTION outbox.guard_agent_action();
 
 -- fk constraint agent_action_kind_pause agent_action_kind_pause_kind_fkey
 

@@ -313,26 +313,34 @@ SELECT id, kind, state, stop_reason FROM expired
 -- moved, the action ended or was erased, or another delivery of this epoch took it first. The
 -- take is the run: it raises the attempt and starts the lease afresh (a message may have
 -- waited in the broker for most of the claim's lease). The attempt's history row starts here:
--- the claim's time is its lease's start, read from the row as it was before this take (a
--- sibling of an UPDATE in one WITH reads the statement's snapshot, not the update's rows).
-WITH taken AS (
-    UPDATE {schema}.agent_action a
-       SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
+-- the claim's time is its lease's start, read by the same probe that finds the row (`target`),
+-- before the update moves the lease; the update then reaches the row by its tuple id, and
+-- rechecks its conditions should a concurrent update have changed it since.
+WITH target AS (
+    SELECT a.ctid AS tid, a.epoch, a.lease_until AS claim_lease_until
+      FROM {schema}.agent_action a
      WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
        AND a.taken_epoch IS DISTINCT FROM a.epoch
-    RETURNING a.*, a.lease_until - now() AS lease_left
+), taken AS (
+    UPDATE {schema}.agent_action a
+       SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
+      FROM target
+     WHERE a.ctid = target.tid AND a.epoch = target.epoch AND a.state = 'EXECUTING'
+       AND a.taken_epoch IS DISTINCT FROM a.epoch
+    RETURNING a.*, a.lease_until - now() AS lease_left, target.claim_lease_until
 ), history AS (
     INSERT INTO {schema}.agent_action_attempt (action_id, epoch, attempt, claimed_at, taken_at)
-    SELECT t.id, t.epoch, t.attempt, o.lease_until - %(lease)s::interval, now()
-      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
+    SELECT t.id, t.epoch, t.attempt, t.claim_lease_until - %(lease)s::interval, now()
+      FROM taken t
     ON CONFLICT (action_id, epoch) DO NOTHING
 ), lost AS (
     -- A reclaimed action whose earlier attempt passed its fence and was lost (its worker
-    -- killed): that attempt's row gets its fence's time, which the row still shows.
+    -- killed): that attempt's row gets its fence's time, which the row still shows (the take
+    -- leaves write_started_at as it is).
     UPDATE {schema}.agent_action_attempt h
-       SET fence_passed_at = o.write_started_at
-      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
-     WHERE o.write_started_at IS NOT NULL
+       SET fence_passed_at = t.write_started_at
+      FROM taken t
+     WHERE t.write_started_at IS NOT NULL
        AND h.action_id = t.id AND h.epoch < t.epoch
        AND h.ended_at IS NULL AND h.fence_passed_at IS NULL
 )
@@ -426,28 +434,34 @@ SELECT id FROM fenced
 -- name: take_attempts
 -- take_attempt for many messages in one statement (outbox/batching.py): each row keeps its own
 -- epoch and once-per-epoch check. The batched statements reach each row by `a.id = m.id`
--- alone, so the plan probes the primary key once per batch row (or hashes the batch): an
--- `a.id = ANY(ids)` scan beside it let the generic plan join the batch in a nested loop with a
--- join filter, n x n comparisons (65,280 at 256 rows). History rows as in take_attempt.
-WITH taken AS (
+-- alone, so the plan probes the primary key once per batch row: an `a.id = ANY(ids)` scan
+-- beside it let the generic plan join the batch in a nested loop with a join filter, n x n
+-- comparisons (65,280 at 256 rows; tests/test_core_batch_plans.py counts the rows each batched
+-- statement's generic plan visits). History rows as in take_attempt, and as there one probe a
+-- row: the update follows `target`'s tuple id.
+WITH target AS (
+    SELECT a.ctid AS tid, a.epoch, a.lease_until AS claim_lease_until
+      FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
+      JOIN {schema}.agent_action a ON a.id = m.id
+     WHERE a.epoch = m.epoch AND a.state = 'EXECUTING'
+       AND a.taken_epoch IS DISTINCT FROM a.epoch
+), taken AS (
     UPDATE {schema}.agent_action a
        SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
-      FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
-     WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+      FROM target
+     WHERE a.ctid = target.tid AND a.epoch = target.epoch AND a.state = 'EXECUTING'
        AND a.taken_epoch IS DISTINCT FROM a.epoch
-    RETURNING a.*, a.lease_until - now() AS lease_left
+    RETURNING a.*, a.lease_until - now() AS lease_left, target.claim_lease_until
 ), history AS (
     INSERT INTO {schema}.agent_action_attempt (action_id, epoch, attempt, claimed_at, taken_at)
-    SELECT t.id, t.epoch, t.attempt, o.lease_until - %(lease)s::interval, now()
-      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
+    SELECT t.id, t.epoch, t.attempt, t.claim_lease_until - %(lease)s::interval, now()
+      FROM taken t
     ON CONFLICT (action_id, epoch) DO NOTHING
 ), lost AS (
-    -- A reclaimed action whose earlier attempt passed its fence and was lost (its worker
-    -- killed): that attempt's row gets its fence's time, which the row still shows.
     UPDATE {schema}.agent_action_attempt h
-       SET fence_passed_at = o.write_started_at
-      FROM taken t JOIN {schema}.agent_action o ON o.id = t.id
-     WHERE o.write_started_at IS NOT NULL
+       SET fence_passed_at = t.write_started_at
+      FROM taken t
+     WHERE t.write_started_at IS NOT NULL
        AND h.action_id = t.id AND h.epoch < t.epoch
        AND h.ended_at IS NULL AND h.fence_passed_at IS NULL
 )

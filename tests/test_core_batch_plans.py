@@ -1,0 +1,228 @@
+"""The batched statements (group commit, ``enqueue_many``) cost a batch linear work, also in the
+generic plan a prepared statement settles on after a few runs.
+
+psycopg prepares a statement it has run five times; PostgreSQL then plans it once without the
+parameters' values (a "generic plan", where ``unnest`` of an array parameter is guessed at ten
+rows), and keeps that plan if it looks no dearer. A batched statement whose generic plan joins
+the batch to a scan with a join filter compares every pair: 65,536 comparisons at a batch of
+256. These tests run each statement as the server would after a few batches
+(``plan_cache_mode = force_generic_plan``) at ``MAX_BATCH`` and count the rows its plan
+visited, filtered out or compared (EXPLAIN ANALYZE): never a timing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from outbox import ActionKind, ActionRequest, enqueue_many
+from outbox._io import run_sync
+from outbox.batching import MAX_BATCH
+from outbox.queries import queries_for
+from outbox.store import claim_operation
+
+NOTE = ActionKind("NOTE")
+LEASE = timedelta(minutes=5)
+#: Rows a plan may touch a batch row (probes, the history rows, the lane work): linear work is a
+#: small constant a row; a join filter over the batch is MAX_BATCH a row.
+PER_ROW = 12
+_PARAM = re.compile(r"%\((\w+)\)s")
+
+
+def _positional(sql: str) -> tuple[str, list[str]]:
+    """``sql`` with psycopg's ``%(name)s`` as ``$1``, ``$2``... and the names in that order."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    return _PARAM.sub(number, sql), names
+
+
+def _visited(node: dict[str, Any]) -> int:
+    """Rows a plan node produced, dropped by a filter or compared by a join filter, over all
+    its loops, and its children's."""
+    loops = node.get("Actual Loops", 1)
+    own = sum(
+        node.get(key, 0) * loops
+        for key in ("Actual Rows", "Rows Removed by Filter", "Rows Removed by Join Filter")
+    )
+    return own + sum(_visited(child) for child in node.get("Plans", []))
+
+
+def _action_probes(node: dict[str, Any]) -> int:
+    """How many times the plan looked up agent_action by an index, over all loops."""
+    own = 0
+    if node.get("Relation Name") == "agent_action" and node["Node Type"] in (
+        "Index Scan",
+        "Index Only Scan",
+        "Bitmap Heap Scan",
+    ):
+        own = node.get("Actual Loops", 1)
+    return own + sum(_action_probes(child) for child in node.get("Plans", []))
+
+
+def generic_plan(conn: psycopg.Connection[Any], sql: str, params: dict[str, Any]) -> dict:
+    """EXPLAIN ANALYZE of ``sql``'s generic plan with ``params``, rolled back."""
+    positional, names = _positional(sql)
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        conn.execute(f"PREPARE batched AS {positional}")
+        args = ", ".join(f"%({name})s" for name in names)
+        # The values inlined by the client: EXECUTE's arguments take no server-side parameters.
+        (plan,) = (
+            psycopg.ClientCursor(conn)
+            .execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE batched({args})", params)
+            .fetchone()
+        )
+        conn.execute("DEALLOCATE batched")
+    return (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+
+
+def _request(i: int) -> ActionRequest:
+    return ActionRequest(kind="NOTE", workspace_id="w", lane_key=f"l{i}", idempotency_key=f"k{i}")
+
+
+@pytest.fixture
+def claimed(make_outbox, database_url, schema):
+    """Four times MAX_BATCH actions, half of them claimed by a claimer (not taken yet), beside
+    a history of ended ones, the table analyzed so (as in production) the planner knows how
+    many are executing."""
+    ob = make_outbox()
+    ob.declare(NOTE)
+    ob.migrate()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        # Ended rows as they are at rest (the guard refuses inserting an ended row, so triggers
+        # are off for this bulk load, which needs a superuser).
+        conn.execute("SET session_replication_role = replica")
+        conn.execute(
+            f'INSERT INTO "{schema}".agent_action (kind, state, workspace_id, lane_key,'
+            " idempotency_key, stop_reason, ended_at, attempt, epoch)"
+            " SELECT 'NOTE', 'DONE', 'w', 'old-' || g, 'old-' || g, 'DONE', now(), 1, 1"
+            " FROM generate_series(1, 20000) g"
+        )
+        conn.execute("SET session_replication_role = DEFAULT")
+        enqueue_many(conn, [_request(i) for i in range(4 * MAX_BATCH)], schema=schema)
+        rows = []
+        for _ in range(2):
+            rows += run_sync(conn, claim_operation(schema, {"NOTE": MAX_BATCH}, LEASE, take=False))
+        conn.execute(f'VACUUM ANALYZE "{schema}".agent_action')
+    assert len(rows) == 2 * MAX_BATCH
+    return [(c.action.id, c.action.epoch, c.action.lease_until) for c in rows]
+
+
+def _batch_params(claimed: list[tuple[int, int, Any]]) -> dict[str, dict[str, Any]]:
+    n = len(claimed)
+    ids = [c[0] for c in claimed]
+    epochs = [c[1] for c in claimed]
+    claimed_ats = [c[2] - LEASE for c in claimed]
+    return {
+        "take_attempts": {"ids": ids, "epochs": epochs, "lease": LEASE},
+        "release_claims": {"ids": ids, "epochs": epochs},
+        "begin_writes": {
+            "ids": ids,
+            "epochs": epochs,
+            "margins": [timedelta(0)] * n,
+            "refs": [f"ref-{i}" for i in ids],  # every fence writes its history row
+            "claimed_ats": claimed_ats,
+        },
+        "finish_many": {
+            "ids": ids,
+            "epochs": epochs,
+            # Ends that park their payload and an end that does not, retries and deferrals.
+            "states": [("UNCERTAIN", "DONE", "ADMITTED", "ADMITTED")[i % 4] for i in range(n)],
+            "stop_reasons": [("LEASE_LOST", "DONE", None, None)[i % 4] for i in range(n)],
+            "refs": ["ref"] * n,
+            "retry_reasons": [(None, None, "BUSY", "LATER")[i % 4] for i in range(n)],
+            "afters": [timedelta(seconds=1)] * n,
+            "gives_back": [i % 4 == 3 for i in range(n)],
+            "error_classes": [None] * n,
+            "claimed_ats": claimed_ats,
+            "fenced": [i % 2 == 0 for i in range(n)],
+        },
+    }
+
+
+@pytest.mark.parametrize("batch", [MAX_BATCH])
+@pytest.mark.parametrize("name", ["take_attempts", "release_claims", "begin_writes", "finish_many"])
+def test_a_group_committed_statement_visits_a_batch_row_a_few_times(
+    claimed, database_url, schema, name, batch
+):
+    """At MAX_BATCH among as many executing actions again: a few rows a batch row."""
+    params = _batch_params(claimed[:batch])[name]
+    with psycopg.connect(database_url) as conn:
+        if name == "finish_many":
+            # Workers took every claim, and every other attempt passed its fence (its finish
+            # records the fence's time).
+            conn.execute(
+                f'UPDATE "{schema}".agent_action SET taken_epoch = epoch, attempt = attempt + 1,'
+                " write_started_at = CASE WHEN id % 2 = 0 THEN now() END"
+                " WHERE state = 'EXECUTING'"
+            )
+            conn.commit()
+        plan = generic_plan(conn, queries_for(schema)[name], params)
+    assert plan["Actual Rows"] == batch, plan
+    assert _visited(plan) <= PER_ROW * batch, json.dumps(plan, indent=1)
+
+
+def test_a_take_finds_each_row_by_one_index_probe(claimed, database_url, schema):
+    """The take reads the claim's lease (the history row's claim time) and updates the row
+    with one primary-key probe a row: the update follows the probe's tuple id."""
+    with psycopg.connect(database_url) as conn:
+        plan = generic_plan(
+            conn,
+            queries_for(schema)["take_attempts"],
+            _batch_params(claimed[:MAX_BATCH])["take_attempts"],
+        )
+    assert plan["Actual Rows"] == MAX_BATCH
+    assert _action_probes(plan) == MAX_BATCH, json.dumps(plan, indent=1)
+
+
+def test_enqueue_many_visits_a_request_a_few_times(make_outbox, database_url, schema):
+    ob = make_outbox()
+    ob.declare(NOTE)
+    ob.migrate()
+    requests = [_request(i) for i in range(MAX_BATCH)]
+    with psycopg.connect(database_url) as conn:
+        # Half the keys exist already: those requests insert nothing.
+        enqueue_many(conn, requests[::2], schema=schema)
+        conn.commit()
+        n = len(requests)
+        params = {
+            "kinds": ["NOTE"] * n,
+            "states": ["ADMITTED"] * n,
+            "workspace_ids": ["w"] * n,
+            "lane_keys": [r.lane_key for r in requests],
+            "idempotency_keys": [r.idempotency_key for r in requests],
+            "payloads": [Jsonb({"i": i}) for i in range(n)],
+            "subject_account_ids": [None] * n,
+            "max_attempts": [5] * n,
+            "expires_ats": [None] * n,
+            "not_befores": [None] * n,
+            "priorities": [0] * n,
+            "limit_keys": [None] * n,
+        }
+        plan = generic_plan(conn, queries_for(schema)["enqueue_many"], params)
+    assert plan["Actual Rows"] == n // 2, plan
+    assert _visited(plan) <= PER_ROW * n, json.dumps(plan, indent=1)
+
+
+def test_the_count_sees_a_join_filter_over_the_batch(claimed, database_url, schema):
+    """The measure itself: the ``= ANY`` scan beside the join that once made the generic plan
+    quadratic is counted far above the bound."""
+    sql = queries_for(schema)["release_claims"].replace(
+        "WHERE a.id = m.id", "WHERE a.id = ANY(%(ids)s::bigint[]) AND a.id + 0 = m.id + 0"
+    )
+    assert sql != queries_for(schema)["release_claims"]
+    with psycopg.connect(database_url) as conn:
+        plan = generic_plan(conn, sql, _batch_params(claimed[:MAX_BATCH])["release_claims"])
+    assert plan["Actual Rows"] == MAX_BATCH
+    assert _visited(plan) > 100 * MAX_BATCH, json.dumps(plan, indent=1)
