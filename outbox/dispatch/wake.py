@@ -55,16 +55,16 @@ def wake_consumers(broker: Broker, queue_counts: dict[str, int], client: Any = N
     broker's. Nothing for a broker whose consumers do not wait on wake lists."""
     if not isinstance(broker, WakingRedisBroker):
         return
-    target = client if client is not None else broker.client.pipeline(transaction=False)
+    pipe = client if client is not None else broker.client.pipeline(transaction=False)
     for queue_name, count in queue_counts.items():
         if count <= 0:
             continue
         key = wake_key(broker.namespace, queue_name)
-        target.rpush(key, *["1"] * min(count, WAKE_KEEP))
-        target.ltrim(key, -WAKE_KEEP, -1)
-        target.pexpire(key, WAKE_TTL_MS)
+        pipe.rpush(key, *["1"] * min(count, WAKE_KEEP))
+        pipe.ltrim(key, -WAKE_KEEP, -1)
+        pipe.pexpire(key, WAKE_TTL_MS)
     if client is None:
-        target.execute()
+        pipe.execute()
 
 
 def queue_counts(messages: Iterable[Message[Any]]) -> dict[str, int]:
