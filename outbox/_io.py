@@ -27,7 +27,7 @@ class Statement:
 Operation = Generator[Statement, Rows, T]
 
 
-def _returned_rows(cur: Any) -> bool:
+def returned_rows(cur: Any) -> bool:
     """Whether the statement returned rows. Not ``cur.description``: that builds a Column object
     a column on every call, a cost every enqueue would pay for a yes or no (docs/benchmarks.md)."""
     result = cur.pgresult
@@ -45,23 +45,32 @@ def run_sync(
             statement = next(op)
             while True:
                 cur.execute(statement.sql, statement.params)
-                rows = cur.fetchall() if _returned_rows(cur) else []
+                rows = cur.fetchall() if returned_rows(cur) else []
                 statement = op.send(rows)
         except StopIteration as done:
             return cast(T, done.value)
 
 
 async def run_async(
-    conn: AsyncConnection[Any], op: Operation[T], prepare: Callable[[Any], None] | None = None
+    conn: AsyncConnection[Any],
+    op: Operation[T],
+    prepare: Callable[[Any], None] | None = None,
+    *,
+    started: Rows | None = None,
 ) -> T:
+    """Runs ``op`` on ``conn``; ``prepare``, if given, sets up the cursor first (its loaders).
+
+    ``started``: ``op`` already yielded its first statement and these are its rows (the caller
+    ran it, e.g. in one round trip with statements of its own).
+    """
     async with conn.cursor(row_factory=dict_row) as cur:
         if prepare is not None:
             prepare(cur)
         try:
-            statement = next(op)
+            statement = next(op) if started is None else op.send(started)
             while True:
                 await cur.execute(statement.sql, statement.params)
-                rows = await cur.fetchall() if _returned_rows(cur) else []
+                rows = await cur.fetchall() if returned_rows(cur) else []
                 statement = op.send(rows)
         except StopIteration as done:
             return cast(T, done.value)

@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncClientCursor, AsyncConnection
+from psycopg.rows import dict_row
 
+from outbox._io import Rows, Statement, returned_rows
 from outbox.config import Settings
 from outbox.queries import queries_for
 
@@ -41,18 +45,64 @@ def _ms(value: timedelta) -> str:
     return f"{max(1, round(value.total_seconds() * 1000))}ms"
 
 
-async def enter_claim_round(conn: AsyncConnection[Any], schema: str, settings: Settings) -> float:
-    """Sets the round's bounds and takes the claim lock, inside the open transaction of
-    ``conn``; returns how long the lock took (seconds). Raises ``ClaimLockBusy``."""
+def guard_statement(schema: str, settings: Settings) -> Statement:
+    """``claim_round_guard`` with the round's bounds from ``settings``."""
     params = {
         "schema": schema,
         "lock_timeout": _ms(settings.claim_lock_timeout),
         "statement_timeout": _ms(settings.claim_statement_timeout),
         "idle_timeout": _ms(settings.claim_idle_timeout),
     }
+    return Statement(queries_for(schema)["claim_round_guard"], params)
+
+
+async def enter_claim_round(conn: AsyncConnection[Any], schema: str, settings: Settings) -> float:
+    """Sets the round's bounds and takes the claim lock, inside the open transaction of
+    ``conn``; returns how long the lock took (seconds). Raises ``ClaimLockBusy``."""
+    guard = guard_statement(schema, settings)
     started = time.monotonic()
+    with _lock_wait(settings, started):
+        await conn.execute(guard.sql, guard.params)
+    return _waited(started)
+
+
+async def open_claim_round(
+    conn: AsyncConnection[Any], schema: str, settings: Settings, first: Statement
+) -> Rows:
+    """Opens the round's transaction on ``conn`` (autocommit), sets its bounds, takes the claim
+    lock (``enter_claim_round``) and runs the round's ``first`` statement, in one round trip;
+    returns the rows of ``first``. Raises ``ClaimLockBusy``.
+
+    The three go as one simple-protocol query (parameters bound client-side), whose statements
+    the server runs in order, each with a snapshot of its own: ``first`` sees every claim
+    committed before the lock was granted. The query ends with the server ready for the next
+    command, so it arms ``idle_in_transaction_session_timeout`` at once: a claimer paused
+    right after it, holding the lock, is still ended by the server. (A pipeline does not do
+    for this: psycopg may end one with a flush request after its Sync, and any message after
+    the server's last ready-for-query leaves that timer disarmed until the next Sync.)
+    """
+    q = queries_for(schema)
+    guard = guard_statement(schema, settings)
+    started = time.monotonic()
+    async with AsyncClientCursor(conn, row_factory=dict_row) as cur:
+        query = ";\n".join(
+            cur.mogrify(statement.sql, statement.params)
+            for statement in (Statement(q["begin"]), guard, first)
+        )
+        with _lock_wait(settings, started):
+            await cur.execute(query)
+        while cur.nextset():
+            pass  # to the last statement's result: ``first``'s
+        rows = await cur.fetchall() if returned_rows(cur) else []
+    _waited(started)
+    return rows
+
+
+@contextmanager
+def _lock_wait(settings: Settings, started: float) -> Iterator[None]:
+    """Turns a lock wait that timed out into ``ClaimLockBusy``, logged."""
     try:
-        await conn.execute(queries_for(schema)["claim_round_guard"], params)
+        yield
     except psycopg.errors.LockNotAvailable:
         waited = time.monotonic() - started
         log.warning(
@@ -62,6 +112,9 @@ async def enter_claim_round(conn: AsyncConnection[Any], schema: str, settings: S
             settings.claim_idle_timeout.total_seconds(),
         )
         raise ClaimLockBusy(f"claim lock not granted within {waited:.1f}s") from None
+
+
+def _waited(started: float) -> float:
     waited = time.monotonic() - started
     if waited >= LOCK_WAIT_LOGGED:
         log.warning("waited %.1fs for the claim lock another claimer held", waited)

@@ -16,6 +16,7 @@ is claimed until the broker answers again).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -30,7 +31,7 @@ from psycopg import sql
 from outbox import metrics
 from outbox._io import Operation, Statement, run_async
 from outbox.connecting import CONNECTION_OPTIONS, one_line, wait_for_database
-from outbox.dispatch.claim_guard import ClaimLockBusy, enter_claim_round
+from outbox.dispatch.claim_guard import ClaimLockBusy, open_claim_round
 from outbox.dispatch.consumption import ConsumptionWatch
 from outbox.dispatch.fabric import Fabric, batches
 from outbox.dispatch.heartbeat import Heartbeat
@@ -249,13 +250,18 @@ class Claimer:
             self.fair_cursor,
             locked=True,
         )
-        async with self.store.connection() as conn, conn.transaction():
-            # The guard took the lock: the operation does not take it again. (Not pipelined with
-            # the operation's first statement: a pipeline's trailing flush keeps the server from
-            # arming idle_in_transaction_session_timeout, so a claimer paused right after it
-            # would hold the lock for ever.)
-            await enter_claim_round(conn, self.store.schema, self.settings)
-            return await run_async(conn, op)
+        # The BEGIN, the guard (bounds and the claim lock) and the round's first statement go
+        # in one round trip (``open_claim_round``), then the rest of the round, then COMMIT.
+        async with self.store.connection() as conn:
+            try:
+                rows = await open_claim_round(conn, self.store.schema, self.settings, next(op))
+                result = await run_async(conn, op, started=rows)
+                await conn.commit()
+                return result
+            except BaseException:
+                with contextlib.suppress(psycopg.Error):  # the session may be gone
+                    await conn.rollback()
+                raise
 
     def push_or_unpushed(self, claimed: list[ClaimedAction]) -> list[ClaimedAction]:
         """Pushes the claimed actions (after the claim committed), up to ``actions_per_message``

@@ -351,6 +351,11 @@ SELECT * FROM taken
 -- until the claiming transaction ends, so replicas together keep the in-flight bound.
 SELECT pg_advisory_xact_lock(2830, hashtext(%(schema)s))
 
+-- name: begin
+-- Opens a transaction on an autocommit connection where psycopg's own would cost a round trip
+-- of its own (a dispatch claim round sends it in one query with the round's first statements).
+BEGIN
+
 -- name: claim_round_guard
 -- Opens a claim transaction with LOCAL bounds (how long it waits for the claim lock, runs one
 -- statement, and sits idle between statements: past that the server ends the session, so a
