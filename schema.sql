@@ -71,6 +71,20 @@ BEGIN
 END;
 $$;
 
+-- function agent_action_kinds_waiting(text[])
+
+CREATE FUNCTION outbox.agent_action_kinds_waiting(p_kinds text[]) RETURNS text[]
+    LANGUAGE sql
+    SET search_path TO 'outbox'
+    AS $$
+    -- One probe of ix_agent_action_lane_ready a kind: its first entry, due or scheduled.
+    SELECT coalesce(array_agg(k.kind), '{}')
+      FROM unnest(p_kinds) AS k(kind)
+     WHERE EXISTS (SELECT 1 FROM agent_action_lane l
+                    WHERE l.head_kind = k.kind
+                      AND l.executing_id IS NULL AND l.head_due_at IS NOT NULL)
+$$;
+
 -- function agent_action_lane_intake(integer)
 
 CREATE FUNCTION outbox.agent_action_lane_intake(p_limit integer) RETURNS integer

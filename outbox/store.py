@@ -82,6 +82,7 @@ def claim_operation(
     take: bool,
     intake: bool = True,
     reclaims_only: Collection[str] = (),
+    reclaims_of: Collection[str] | None = None,
     key_caps: Mapping[str, int] | None = None,
     cursor: dict[str, str] | None = None,
 ) -> Operation[list[ClaimedAction]]:
@@ -99,6 +100,8 @@ def claim_operation(
     ``claim_heads``) and by priority within a key; ``key_caps`` bounds each key's executing
     actions per kind, and ``cursor`` (kind -> the last key a claim reached) carries the round
     robin from one claim to the next: give the same dict to every claim of one claimer.
+    ``reclaims_of``: only these kinds may have leases that ran out (the caller counted them in
+    this transaction), so the others skip the reclaim statement; None looks for every kind.
     """
     q = queries_for(schema)
     paused: frozenset[str] = frozenset()
@@ -112,8 +115,10 @@ def claim_operation(
         if limit <= 0 or kind in paused:
             continue
         params = {"kind": kind, "limit": limit, "lease": lease, "take": take}
-        rows = yield Statement(q["claim_reclaims"], params)
-        claimed.extend(_claimed(rows))
+        rows = []
+        if reclaims_of is None or kind in reclaims_of:
+            rows = yield Statement(q["claim_reclaims"], params)
+            claimed.extend(_claimed(rows))
         left = limit - len(rows)
         if left > 0 and kind not in reclaims_only:
             claimed.extend((yield from _claim_heads(q, params, left, caps.get(kind), last)))

@@ -123,10 +123,13 @@ def bounded_claim_operation(
     if not locked:
         yield Statement(q["claim_lock"], {"schema": schema})
     # The intake and the counts in one round trip (after the lock: see claim_round_state).
-    (state,) = yield Statement(q["claim_round_state"], {"limit": INTAKE_BATCH})
+    kinds = list(kinds)
+    (state,) = yield Statement(q["claim_round_state"], {"limit": INTAKE_BATCH, "kinds": kinds})
     intake = Intake(int(state["folded"]), frozenset(state["paused"]))
     folded = intake.folded
     counts = {row["kind"]: row for row in state["executing"]}
+    heads_waiting = frozenset(state["waiting"])
+    leases_expired = frozenset(kind for kind, row in counts.items() if int(row["expired"]))
     current: dict[str, int] = {}
     limits: dict[str, int] = {}
     probing: set[str] = set()
@@ -168,13 +171,22 @@ def bounded_claim_operation(
         for kind, limit in kind_limits.items()
         if limit.key_concurrency is not None
     }
+    # No statement for a kind with nothing to claim: no lease ran out and no head waits (what
+    # became due meanwhile wakes the next round, or its poll finds it).
+    claimable = {
+        kind: limit
+        if kind in leases_expired or (kind in heads_waiting and kind not in probing)
+        else 0
+        for kind, limit in limits.items()
+    }
     claimed = yield from claim_operation(
         schema,
-        limits,
+        claimable,
         lease,
         take=False,
         intake=False,
         reclaims_only=probing,
+        reclaims_of=leases_expired,
         key_caps=key_caps,
         cursor=cursor,
     )
