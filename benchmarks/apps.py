@@ -7,7 +7,8 @@
   action whose payload says ``"record": true`` is recorded always), with ``BENCH_RECORD_CALLS=1``
   the time of its "provider call" after the fence (``bench:<run id>:calls``) for ``rate``;
   with ``BENCH_PROVIDER_SECONDS=<s>`` that call waits ``s`` seconds (a slow provider:
-  ``slow-provider``, ``memory``).
+  ``slow-provider``, ``memory``); with ``BENCH_IDLE_KINDS=<n>`` it serves n more kinds that
+  never get an action.
 - ``benchmarks.apps:raw_broker``: the same broker with one plain Dramatiq actor and no outbox,
   the ceiling of the e2e scenario.
 """
@@ -27,7 +28,7 @@ import redis.asyncio
 from dramatiq import Broker
 
 from benchmarks.common import NOOP, REDIS_URL, RUN_ID
-from outbox import Abandoned, ActionAttempt, Defer, Done, Outbox, Result
+from outbox import Abandoned, ActionAttempt, ActionKind, Defer, Done, Outbox, Result
 from outbox.dispatch import broker_from_url
 
 #: Where the adapter and the raw actor record what the scenario reads back.
@@ -121,7 +122,17 @@ def outbox_app() -> Outbox:
         provider_seconds=float(os.environ.get("BENCH_PROVIDER_SECONDS", "0")),
     )
     outbox.register(NOOP, adapter)
+    for kind in idle_kinds():
+        outbox.register(kind, adapter)
     return outbox
+
+
+def idle_kinds() -> list[ActionKind]:
+    """``BENCH_IDLE_KINDS=<n>``: n more kinds the claimer and the workers serve, of which no
+    action is ever enqueued (``latency-8-kinds``: what serving many kinds costs one kind's
+    latency)."""
+    n = int(os.environ.get("BENCH_IDLE_KINDS", "0"))
+    return [ActionKind(f"BENCH_IDLE_{i}_{RUN_ID.upper()}") for i in range(n)]
 
 
 @cache

@@ -2,11 +2,18 @@
 workers are idle; the time from the enqueue's commit (when ``commit()`` returned) to the
 adapter's start (its first line, wall clock; same machine), p50 and p99. ``ratio`` is p50 over
 ``dramatiq-raw``'s p50 for messages sent at the same pace to the same pool.
+
+``latency-8-kinds``: the same while the claimer and the workers serve seven more kinds that
+never get an action (an application's other kinds, idle at the moment): what serving many kinds
+costs one kind's latency.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import redis
@@ -25,13 +32,34 @@ from benchmarks.common import (
 )
 from benchmarks.rig import paced, rig, wait_until
 
+#: Kinds the claimer and the workers serve in ``latency-8-kinds`` (the no-op kind and 7 idle).
+KINDS = 8
+
 
 def run(scale: Scale) -> list[Result]:
     raw = dramatiq_raw.measure(scale)
     n = scale.n(300, 3_000, floor=20)
+    results = [_result("latency", _latencies(n, "latency"), raw.latencies)]
+    idle = {"BENCH_IDLE_KINDS": str(KINDS - 1)}
+    results.append(
+        _result(f"latency-{KINDS}-kinds", _latencies(n, "latency8", **idle), raw.latencies)
+    )
+    return results
+
+
+def _latencies(n: int, name: str, **settings: str) -> list[float]:
+    """Enqueue commit -> adapter start of ``n`` actions at ``dramatiq_raw.PACE`` to an idle
+    pool whose claimer and workers run with ``settings`` in their environment."""
     committed: dict[int, float] = {}
-    with bench_schema("latency") as schema, rig(schema, BENCH_RECORD_STARTS="1") as r:
+    with (
+        bench_schema(name) as schema,
+        rig(schema, BENCH_RECORD_STARTS="1", **settings) as r,
+    ):
         outbox = migrated_outbox(schema)
+        with settings_env(settings):
+            for kind in apps.idle_kinds():
+                outbox.declare(kind)
+        outbox.migrate()
         client = redis.Redis.from_url(REDIS_URL)
         r.stack.callback(client.close)
         r.idle_outbox()
@@ -39,28 +67,45 @@ def run(scale: Scale) -> list[Result]:
             for i in paced(n, dramatiq_raw.PACE):
                 action = outbox.enqueue(
                     conn,
-                    noop_request(f"latency-{i}", f"lane-{i}", i),
+                    noop_request(f"{name}-{i}", f"lane-{i}", i),
                 )
                 conn.commit()
                 committed[action.id] = time.time()
         wait_until(lambda: client.hlen(apps.STARTS_KEY) >= n, 60, "latency actions not started")
         starts = {int(k): float(v) for k, v in client.hgetall(apps.STARTS_KEY).items()}
-    latencies = [starts[i] - t for i, t in committed.items()]
-    p50, raw_p50 = percentile(latencies, 50), percentile(raw.latencies, 50)
-    return [
-        Result(
-            scenario="latency",
-            n=n,
-            actions_per_s=round(dramatiq_raw.PACE, 1),
-            p50_ms=ms(p50),
-            p99_ms=ms(percentile(latencies, 99)),
-            ratio=round(p50 / raw_p50, 3) if raw_p50 > 0 else None,
-            ratio_to="dramatiq-raw-latency-p50",
-            extra={
-                "ceiling_p50_ms": ms(raw_p50),
-                "ceiling_p99_ms": ms(percentile(raw.latencies, 99)),
-                "max_ms": ms(max(latencies)),
-                "latency_is": "enqueue commit returned -> adapter start",
-            },
-        )
-    ]
+    return [starts[i] - t for i, t in committed.items()]
+
+
+def _result(scenario: str, latencies: list[float], raw_latencies: list[float]) -> Result:
+    p50, raw_p50 = percentile(latencies, 50), percentile(raw_latencies, 50)
+    return Result(
+        scenario=scenario,
+        n=len(latencies),
+        actions_per_s=round(dramatiq_raw.PACE, 1),
+        p50_ms=ms(p50),
+        p99_ms=ms(percentile(latencies, 99)),
+        ratio=round(p50 / raw_p50, 3) if raw_p50 > 0 else None,
+        ratio_to="dramatiq-raw-latency-p50",
+        extra={
+            "ceiling_p50_ms": ms(raw_p50),
+            "ceiling_p99_ms": ms(percentile(raw_latencies, 99)),
+            "max_ms": ms(max(latencies)),
+            "kinds_served": KINDS if scenario != "latency" else 1,
+            "latency_is": "enqueue commit returned -> adapter start",
+        },
+    )
+
+
+@contextmanager
+def settings_env(settings: dict[str, str]) -> Iterator[None]:
+    """``settings`` in this process's environment for the block (``apps.idle_kinds`` reads it)."""
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
