@@ -1,5 +1,6 @@
-"""What a dispatch claim round sends: no claim statement for a kind with nothing to claim, so
-a claimer serving many kinds pays for the ones with work, not for every kind it serves."""
+"""What a dispatch claim round sends and waits for: no claim statement for a kind with nothing
+to claim, so a claimer serving many kinds pays for the ones with work, not for every kind it
+serves; and no wait for a housekeeping turn, which runs beside the rounds."""
 
 from __future__ import annotations
 
@@ -9,11 +10,17 @@ from collections.abc import Generator
 from datetime import timedelta
 from typing import Any
 
+import psycopg
+
 from outbox import ActionKind, ActionRequest, enqueue_many
 from outbox._io import Statement, run_async
+from outbox.dispatch import Claimer, broker_from_url, install
 from outbox.dispatch.claimer import Round, bounded_claim_operation
 from outbox.dispatch.consumption import ConsumptionWatch
+from outbox.maintenance.runner import Maintenance
+from outbox.maintenance.service import MaintenanceService
 from outbox.queries import queries_for
+from tests.apps import dispatch_app
 
 BUSY = ActionKind("BUSY")
 IDLE = [ActionKind(f"IDLE_{i}") for i in range(5)]
@@ -74,3 +81,53 @@ def test_a_round_sends_claim_statements_only_for_kinds_with_work(make_outbox, co
     probe, sent = _round(ob, schema, kinds, timedelta(seconds=30))
     assert len(probe.claimed) == 1  # a probe: no worker took the last claims
     assert sent == ["claim_round_state", "claim_reclaims"], sent
+
+
+class _SlowTurn(MaintenanceService):
+    """A maintenance service whose turn takes ``seconds`` (a slow prune on a big table)."""
+
+    name = "slow"
+    failure = "the slow turn failed"
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(timedelta(0))
+        self.seconds = seconds
+        self.started = asyncio.Event()
+
+    async def run(self, store: Any) -> int:
+        self.started.set()
+        await asyncio.sleep(self.seconds)
+        return 0
+
+
+async def test_a_woken_round_never_waits_for_a_housekeeping_turn(
+    make_outbox, schema: str, redis_url: str
+) -> None:
+    url = make_outbox().settings.require_database_url()
+    outbox = dispatch_app.build(url, schema, schema.upper(), poll_interval=timedelta(seconds=30))
+    outbox.migrate()
+    rb, _ = dispatch_app.kinds(schema.upper())
+    dispatch = install(outbox, broker_from_url(redis_url))
+    stop = asyncio.Event()
+    slow = _SlowTurn(seconds=4.0)
+
+    def enqueue() -> None:
+        with psycopg.connect(url) as conn:
+            request = ActionRequest(rb, lane_key="l", idempotency_key="k", workspace_id="w")
+            outbox.enqueue(conn, request)
+
+    async with outbox.store() as store:
+        claimer = Claimer(dispatch, store)
+        claimer.maintenance = Maintenance(store, [slow])
+        running = asyncio.create_task(claimer.run(stop))
+        try:
+            await asyncio.wait_for(slow.started.wait(), 5)
+            await asyncio.sleep(0.2)  # the claimer is waiting for a wake, its housekeeping busy
+            woken = time.monotonic()
+            await asyncio.to_thread(enqueue)
+            while claimer.totals["pushed"] < 1:
+                assert time.monotonic() - woken < 2.0, "the round waited for the housekeeping"
+                await asyncio.sleep(0.02)
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, 10)
