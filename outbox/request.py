@@ -14,7 +14,7 @@ from outbox.request_checks import (
     check_max_attempts,
     check_priority,
     check_text,
-    encoded_payload,
+    checked_payload,
     id_text,
 )
 
@@ -56,6 +56,11 @@ class ActionRequest:
         """Raises ``InvalidActionRequest`` naming the first bad field (see
         ``outbox.request_checks`` for the limits); returns the payload as the JSON bytes the
         database receives, so that it is encoded once."""
+        return self.checked(max_payload_bytes)[0].encode("utf-8")
+
+    def checked(self, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> tuple[str, Any]:
+        """``validate``'s checks; returns the payload's JSON as text and the value it decodes to
+        (an equal copy that shares nothing with ``payload``, as the enqueued action holds it)."""
         kind = self.kind
         if isinstance(kind, ActionKind):
             instance_level: bool | None = kind.instance_level
@@ -75,7 +80,7 @@ class ActionRequest:
             raise InvalidActionRequest(
                 "workspace_id", f"kind {self.kind_name} is not instance-level: give a workspace"
             )
-        payload = encoded_payload(self.payload, max_payload_bytes)
+        payload = checked_payload(self.payload, max_payload_bytes)
         check_max_attempts(self.max_attempts)
         check_expires_at(self.expires_at)
         check_expires_at(self.not_before, "not_before")
