@@ -10,6 +10,9 @@ from outbox.errors import InvalidActionRequest
 from outbox.kinds import ActionKind, is_kind_name
 from outbox.request_checks import (
     DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_ATTEMPTS,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
     check_expires_at,
     check_max_attempts,
     check_priority,
@@ -81,23 +84,28 @@ class ActionRequest:
                 "workspace_id", f"kind {self.kind_name} is not instance-level: give a workspace"
             )
         payload = checked_payload(self.payload, max_payload_bytes)
-        check_max_attempts(self.max_attempts)
-        check_expires_at(self.expires_at)
-        check_expires_at(self.not_before, "not_before")
-        if (
-            self.not_before is not None
-            and self.expires_at is not None
-            and self.not_before >= self.expires_at
+        # A plain int in range passes without a call (the common case); anything else is
+        # judged by the check itself.
+        if type(self.max_attempts) is not int or not 1 <= self.max_attempts <= MAX_ATTEMPTS:
+            check_max_attempts(self.max_attempts)
+        if self.expires_at is not None:
+            check_expires_at(self.expires_at)
+        if self.not_before is not None:
+            check_expires_at(self.not_before, "not_before")
+            if self.expires_at is not None and self.not_before >= self.expires_at:
+                raise InvalidActionRequest("not_before", "must be before expires_at")
+        if type(self.priority) is not int or not MIN_PRIORITY <= self.priority <= MAX_PRIORITY:
+            check_priority(self.priority)
+        for name, value in (
+            ("workspace_id", self.workspace_id),
+            ("subject_account_id", self.subject_account_id),
+            ("limit_key", self.limit_key),
         ):
-            raise InvalidActionRequest("not_before", "must be before expires_at")
-        check_priority(self.priority)
-        for name in ("workspace_id", "subject_account_id", "limit_key"):
-            value = getattr(self, name)
             if value is None:
                 continue
             if (
                 isinstance(value, bool)
-                or not isinstance(value, str | int)
+                or not isinstance(value, (str, int))
                 or (isinstance(value, str) and not value)
             ):
                 raise InvalidActionRequest(name, "must be a non-empty string, an integer, or None")
