@@ -37,7 +37,9 @@ SELECT (SELECT k.instance_level FROM {schema}.agent_action_kind k WHERE k.name =
 -- shorter, reads as nulls). Returns one row (none when nothing was inserted) of what the
 -- database made, the caller has the rest:
 -- the new ids and their keys in id order, each one's due time where it is not now() (a
--- not_before; null when none is), and now(), every new action's created_at.
+-- not_before; null when none is), and now(), every new action's created_at. OFFSET 0 keeps the
+-- document a value of its own: pulled up into a custom plan, it was folded into each column's
+-- expression at planning time (14 ms of planning for 1,000 requests).
 WITH request AS (
     SELECT r.kind, r.state, r.workspace_id, r.lane_key, r.idempotency_key, r.payload,
            r.subject_account_id, r.max_attempts::int AS max_attempts,
