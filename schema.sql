@@ -15,12 +15,13 @@ CREATE FUNCTION outbox.agent_action_inserted() RETURNS trigger
 DECLARE
     bad record;
 BEGIN
+    PERFORM pg_advisory_xact_lock_shared(
+                hashtextextended('outbox kind ' || current_schema() || '.' || k.kind, 0)),
+            pg_notify('outbox_' || current_schema(), '')
+       FROM (SELECT DISTINCT n.kind FROM new_actions n ORDER BY n.kind) k;
     SELECT n.id, n.kind, n.state, n.epoch, n.attempt, k.name IS NOT NULL AS known INTO bad
       FROM new_actions n
-      LEFT JOIN (SELECT k.name, k.instance_level
-                   FROM agent_action_kind k
-                  WHERE k.name IN (SELECT n.kind FROM new_actions n)
-                    FOR KEY SHARE OF k) k ON k.name = n.kind
+      LEFT JOIN agent_action_kind k ON k.name = n.kind
      WHERE k.name IS NULL
         OR n.state NOT IN ('PROPOSED', 'ADMITTED') OR n.epoch <> 0 OR n.attempt <> 0
         OR (n.workspace_id IS NULL AND NOT k.instance_level)
@@ -45,7 +46,6 @@ BEGIN
     END IF;
     INSERT INTO agent_action_lane_intake (lane_key, priority)
     SELECT n.lane_key, max(n.priority) FROM new_actions n GROUP BY n.lane_key;
-    PERFORM pg_notify('outbox_' || current_schema(), '');
     RETURN NULL;
 END;
 $$;
@@ -57,6 +57,8 @@ CREATE FUNCTION outbox.agent_action_kind_in_use() RETURNS trigger
     SET search_path TO 'outbox'
     AS $$
 BEGIN
+    PERFORM pg_advisory_xact_lock(
+        hashtextextended('outbox kind ' || current_schema() || '.' || OLD.name, 0));
     IF EXISTS (SELECT 1 FROM agent_action a WHERE a.kind = OLD.name) THEN
         RAISE EXCEPTION 'update or delete on table "agent_action_kind" violates foreign key constraint "agent_action_kind_fkey" on table "agent_action"'
             USING ERRCODE = 'foreign_key_violation', TABLE = 'agent_action_kind',

@@ -8,7 +8,10 @@ bookkeeping costs on the application's write path.
 
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -41,15 +44,46 @@ INSERT_PLAIN_MANY = (
     "INSERT INTO {s}.plain (kind, workspace_id, lane_key, idempotency_key, payload)"
     " SELECT %s, 'w', k, k, p FROM unnest(%s::text[], %s::jsonb[]) AS r(k, p)"
 )
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 #: Actions a call (and a transaction) of the enqueue-many case.
 MANY = 1_000
 
 
-def _timed(n: int, per_tx: int, write: Any) -> tuple[float, list[float]]:
-    """Wall seconds for ``n`` writes committed ``per_tx`` at a time, and each commit's latency
-    (the writes of its transaction plus the commit)."""
+@dataclass
+class Timed:
+    """``n`` writes: wall seconds, each transaction's latency (its writes plus the commit), and
+    the CPU seconds of this client and of its PostgreSQL backend (None where ``/proc`` is not
+    readable, or the server is not on this machine)."""
+
+    seconds: float
+    latencies: list[float]
+    client_cpu_s: float
+    server_cpu_s: float | None
+
+    def cpu_ms_per_action(self, n: int) -> dict[str, float | None]:
+        server = None if self.server_cpu_s is None else round(self.server_cpu_s / n * 1000, 4)
+        return {
+            "client_cpu_ms_per_action": round(self.client_cpu_s / n * 1000, 4),
+            "postgres_cpu_ms_per_action": server,
+        }
+
+
+def _backend_cpu(pid: int) -> float | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _timed(n: int, per_tx: int, write: Any) -> Timed:
+    """``n`` writes committed ``per_tx`` at a time, timed."""
     latencies: list[float] = []
     with psycopg.connect(DATABASE_URL) as conn:
+        backend = conn.info.backend_pid
+        server_started = _backend_cpu(backend)
+        cpu_started = time.process_time()
         started = time.perf_counter()
         tx_started = started
         for i in range(n):
@@ -59,7 +93,15 @@ def _timed(n: int, per_tx: int, write: Any) -> tuple[float, list[float]]:
                 now = time.perf_counter()
                 latencies.append(now - tx_started)
                 tx_started = now
-        return time.perf_counter() - started, latencies
+        seconds = time.perf_counter() - started
+        client = time.process_time() - cpu_started
+        server_ended = _backend_cpu(backend)
+        server = (
+            None
+            if server_started is None or server_ended is None
+            else server_ended - server_started
+        )
+        return Timed(seconds, latencies, client, server)
 
 
 def run(scale: Scale) -> list[Result]:
@@ -88,9 +130,9 @@ def run(scale: Scale) -> list[Result]:
                     insert_plain, (NOOP.name, "w", f"{tag}-{i}", f"{tag}-{i}", Jsonb({"i": i}))
                 )
 
-            plain_s, _ = _timed(n, per_tx, plain_write)
-            outbox_s, latencies = _timed(n, per_tx, outbox_write)
-            results.append(_result(name, n, per_tx, n / outbox_s, n / plain_s, latencies))
+            plain = _timed(n, per_tx, plain_write)
+            outbox_run = _timed(n, per_tx, outbox_write)
+            results.append(_result(name, n, per_tx, outbox_run, plain))
 
         n = scale.n(20_000, 100_000, floor=50)
         insert_plain_many = INSERT_PLAIN_MANY.format(s=s)
@@ -107,27 +149,30 @@ def run(scale: Scale) -> list[Result]:
                     conn, [noop_request(f"many-{j}", i=j) for j in range(i, min(n, i + MANY))]
                 )
 
-        plain_s, _ = _timed(n, MANY, plain_many)
-        outbox_s, latencies = _timed(n, MANY, outbox_many)
-        results.append(_result("enqueue-many", n, MANY, n / outbox_s, n / plain_s, latencies))
+        plain = _timed(n, MANY, plain_many)
+        outbox_run = _timed(n, MANY, outbox_many)
+        results.append(_result("enqueue-many", n, MANY, outbox_run, plain))
     return results
 
 
-def _result(
-    name: str, n: int, per_tx: int, rate: float, ceiling: float, latencies: list[float]
-) -> Result:
+def _result(name: str, n: int, per_tx: int, outbox_run: Timed, plain: Timed) -> Result:
     many = name == "enqueue-many"
+    rate = n / outbox_run.seconds
+    ceiling = n / plain.seconds
+    plain_cpu = plain.cpu_ms_per_action(n)
     return Result(
         scenario=name,
         n=n,
         actions_per_s=round(rate, 1),
-        p50_ms=ms(percentile(latencies, 50)),
-        p99_ms=ms(percentile(latencies, 99)),
+        p50_ms=ms(percentile(outbox_run.latencies, 50)),
+        p99_ms=ms(percentile(outbox_run.latencies, 99)),
         ratio=round(rate / ceiling, 3),
         ratio_to="plain-insert-many" if many else f"plain-insert-{name.removeprefix('enqueue-')}",
         extra={
             "per_transaction": per_tx,
             "ceiling_per_s": round(ceiling, 1),
             "latency_is": "one transaction (its enqueues and commit)",
+            **outbox_run.cpu_ms_per_action(n),
+            **{f"ceiling_{key}": value for key, value in plain_cpu.items()},
         },
     )

@@ -6,10 +6,12 @@ async.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
+from itertools import repeat
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -37,16 +39,20 @@ def max_payload_bytes_or_default(max_payload_bytes: int | None) -> int:
     return max_payload_bytes_from_env() if max_payload_bytes is None else max_payload_bytes
 
 
-def _already_encoded(data: bytes) -> bytes:
-    """The payload's JSON was encoded (and checked) by ``ActionRequest.validate``."""
+def _already_encoded(data: str) -> str:
+    """The payload's JSON was encoded (and checked) by ``ActionRequest.checked``."""
     return data
 
 
-def _params(request: ActionRequest, payload: bytes) -> dict[str, Any]:
+def _state(request: ActionRequest) -> str:
+    return (ActionState.PROPOSED if request.proposal else ActionState.ADMITTED).value
+
+
+def _params(request: ActionRequest, payload: str) -> dict[str, Any]:
     """One request as the ``enqueue`` statement's parameters; ``payload`` is its JSON."""
     return {
         "kind": request.kind_name,
-        "state": (ActionState.PROPOSED if request.proposal else ActionState.ADMITTED).value,
+        "state": _state(request),
         "workspace_id": as_text(request.workspace_id),
         "lane_key": request.lane_key,
         "idempotency_key": request.idempotency_key,
@@ -58,6 +64,80 @@ def _params(request: ActionRequest, payload: bytes) -> dict[str, Any]:
         "priority": request.priority,
         "limit_key": as_text(request.limit_key),
     }
+
+
+def _created(
+    request: ActionRequest,
+    payload: Any,
+    id_: int,
+    available_at: datetime,
+    created_at: datetime,
+) -> Action:
+    """The action an insert made of ``request``: the statement returns only what the database
+    made (the id and the clock times); the rest is the request as the row stores it, and
+    ``payload`` the value its JSON decodes to, so no row is read back whole."""
+    proposal = request.proposal
+    return Action(
+        id=id_,
+        kind=request.kind_name,
+        state=ActionState.PROPOSED if proposal else ActionState.ADMITTED,
+        workspace_id=as_text(request.workspace_id),
+        lane_key=request.lane_key,
+        idempotency_key=request.idempotency_key,
+        payload=payload,
+        subject_account_id=as_text(request.subject_account_id),
+        max_attempts=request.max_attempts,
+        expires_at=utc(request.expires_at),
+        attempt=0,
+        epoch=0,
+        available_at=available_at,
+        lease_until=None,
+        write_started_at=None,
+        readback_ref=None,
+        stop_reason=None,
+        created_at=created_at,
+        ended_at=None,
+        priority=request.priority,
+        limit_key=as_text(request.limit_key),
+        created=True,
+    )
+
+
+#: The ``enqueue_many`` document's columns that may be left out: a column whose every value is
+#: null is (the statement reads a missing column as nulls).
+_OPTIONAL = ("workspace_id", "subject_account_id", "expires_at", "not_before", "limit_key")
+_BATCH_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def _stamp(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat()
+
+
+def enqueue_many_document(requests: Sequence[ActionRequest], payloads: Sequence[str]) -> str:
+    """The ``enqueue_many`` statement's one parameter: the batch as a JSON object of columns,
+    one array a field in request order (``payloads``: each request's checked JSON, spliced in
+    as it is). One document, parsed by the server, instead of a dozen arrays the driver would
+    encode element by element."""
+    columns: dict[str, list[Any]] = {
+        "kind": [r.kind_name for r in requests],
+        "state": [_state(r) for r in requests],
+        "lane_key": [r.lane_key for r in requests],
+        "idempotency_key": [r.idempotency_key for r in requests],
+        "max_attempts": [r.max_attempts for r in requests],
+        "priority": [r.priority for r in requests],
+    }
+    optional = {
+        "workspace_id": [as_text(r.workspace_id) for r in requests],
+        "subject_account_id": [as_text(r.subject_account_id) for r in requests],
+        "expires_at": [_stamp(r.expires_at) for r in requests],
+        "not_before": [_stamp(r.not_before) for r in requests],
+        "limit_key": [as_text(r.limit_key) for r in requests],
+    }
+    for name in _OPTIONAL:
+        values = optional[name]
+        if any(value is not None for value in values):
+            columns[name] = values
+    return '{"payload":[' + ",".join(payloads) + "]," + _BATCH_JSON.encode(columns)[1:]
 
 
 def _refusal(
@@ -84,12 +164,13 @@ def _vanished() -> InvalidActionRequest:
 def enqueue_operation(
     schema: str, request: ActionRequest, max_payload_bytes: int | None = None
 ) -> Operation[Action]:
-    payload = request.validate(max_payload_bytes_or_default(max_payload_bytes))
+    text, payload = request.checked(max_payload_bytes_or_default(max_payload_bytes))
     q = queries_for(schema)
-    params = _params(request, payload)
+    params = _params(request, text)
     rows = yield Statement(q["enqueue"], params)
     if rows:
-        return Action.from_row(rows[0])
+        row = rows[0]
+        return _created(request, payload, row["id"], row["available_at"], row["created_at"])
     # Nothing inserted: either the key exists (a racing insert has committed by now, since
     # ON CONFLICT waited for it), or the request was refused by the kind table or the clock.
     rows = yield Statement(q["action_by_idempotency_key"], params)
@@ -119,41 +200,34 @@ def enqueue_many_operation(
     """
     batch = list(requests)
     limit = max_payload_bytes_or_default(max_payload_bytes)
-    payloads: list[bytes] = []
+    checked: list[tuple[str, Any]] = []
     for index, request in enumerate(batch):
         try:
-            payloads.append(request.validate(limit))
+            checked.append(request.checked(limit))
         except InvalidActionRequest as error:
             raise error.for_request(index) from None
     if not batch:
         return []
     q = queries_for(schema)
-    # The first request of each key, with its position and its payload's JSON.
-    firsts: dict[str, tuple[int, ActionRequest, bytes]] = {}
+    # The position of the first request of each key.
+    firsts: dict[str, int] = {}
     for index, request in enumerate(batch):
-        firsts.setdefault(request.idempotency_key, (index, request, payloads[index]))
-    columns = [_params(request, payload) for _, request, payload in firsts.values()]
+        firsts.setdefault(request.idempotency_key, index)
+    sent = [batch[index] for index in firsts.values()]
     params = {
-        plural: [column[name] for column in columns]
-        for plural, name in (
-            ("kinds", "kind"),
-            ("states", "state"),
-            ("workspace_ids", "workspace_id"),
-            ("lane_keys", "lane_key"),
-            ("idempotency_keys", "idempotency_key"),
-            ("payloads", "payload"),
-            ("subject_account_ids", "subject_account_id"),
-            ("max_attempts", "max_attempts"),
-            ("expires_ats", "expires_at"),
-            ("not_befores", "not_before"),
-            ("priorities", "priority"),
-            ("limit_keys", "limit_key"),
-        )
+        "requests": enqueue_many_document(sent, [checked[index][0] for index in firsts.values()])
     }
     found: dict[str, Action] = {}
     for _ in range(_ENQUEUE_MANY_TRIES):
         rows = yield Statement(q["enqueue_many"], params)
-        found.update((row["idempotency_key"], Action.from_row(row)) for row in rows)
+        for made in rows:  # one row, or none when nothing was inserted
+            created_at = made["created_at"]
+            later = made["later"] or repeat(None)
+            for id_, key, due in zip(made["ids"], made["keys"], later, strict=False):
+                index = firsts[key]
+                found[key] = _created(
+                    batch[index], checked[index][1], id_, due or created_at, created_at
+                )
         missing = [key for key in firsts if key not in found]
         if not missing:
             break
@@ -164,12 +238,13 @@ def enqueue_many_operation(
             break
         # Some new key was refused (the whole batch then inserted nothing): the first refused
         # request in order raises what ``enqueue`` would have raised for it.
-        kinds = list(dict.fromkeys(firsts[key][1].kind_name for key in missing))
+        kinds = list(dict.fromkeys(batch[firsts[key]].kind_name for key in missing))
         rows = yield Statement(q["enqueue_many_diagnose"], {"kinds": kinds})
         instance_level = {row["kind"]: row["instance_level"] for row in rows}
         db_now = rows[0]["db_now"]
         for key in missing:
-            index, request, _ = firsts[key]
+            index = firsts[key]
+            request = batch[index]
             refusal = _refusal(request, instance_level[request.kind_name], db_now)
             if refusal is not None:
                 raise refusal.for_request(index)

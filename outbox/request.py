@@ -10,11 +10,14 @@ from outbox.errors import InvalidActionRequest
 from outbox.kinds import ActionKind, is_kind_name
 from outbox.request_checks import (
     DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_ATTEMPTS,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
     check_expires_at,
     check_max_attempts,
     check_priority,
     check_text,
-    encoded_payload,
+    checked_payload,
     id_text,
 )
 
@@ -56,6 +59,11 @@ class ActionRequest:
         """Raises ``InvalidActionRequest`` naming the first bad field (see
         ``outbox.request_checks`` for the limits); returns the payload as the JSON bytes the
         database receives, so that it is encoded once."""
+        return self.checked(max_payload_bytes)[0].encode("utf-8")
+
+    def checked(self, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> tuple[str, Any]:
+        """``validate``'s checks; returns the payload's JSON as text and the value it decodes to
+        (an equal copy that shares nothing with ``payload``, as the enqueued action holds it)."""
         kind = self.kind
         if isinstance(kind, ActionKind):
             instance_level: bool | None = kind.instance_level
@@ -75,24 +83,29 @@ class ActionRequest:
             raise InvalidActionRequest(
                 "workspace_id", f"kind {self.kind_name} is not instance-level: give a workspace"
             )
-        payload = encoded_payload(self.payload, max_payload_bytes)
-        check_max_attempts(self.max_attempts)
-        check_expires_at(self.expires_at)
-        check_expires_at(self.not_before, "not_before")
-        if (
-            self.not_before is not None
-            and self.expires_at is not None
-            and self.not_before >= self.expires_at
+        payload = checked_payload(self.payload, max_payload_bytes)
+        # A plain int in range passes without a call (the common case); anything else is
+        # judged by the check itself.
+        if type(self.max_attempts) is not int or not 1 <= self.max_attempts <= MAX_ATTEMPTS:
+            check_max_attempts(self.max_attempts)
+        if self.expires_at is not None:
+            check_expires_at(self.expires_at)
+        if self.not_before is not None:
+            check_expires_at(self.not_before, "not_before")
+            if self.expires_at is not None and self.not_before >= self.expires_at:
+                raise InvalidActionRequest("not_before", "must be before expires_at")
+        if type(self.priority) is not int or not MIN_PRIORITY <= self.priority <= MAX_PRIORITY:
+            check_priority(self.priority)
+        for name, value in (
+            ("workspace_id", self.workspace_id),
+            ("subject_account_id", self.subject_account_id),
+            ("limit_key", self.limit_key),
         ):
-            raise InvalidActionRequest("not_before", "must be before expires_at")
-        check_priority(self.priority)
-        for name in ("workspace_id", "subject_account_id", "limit_key"):
-            value = getattr(self, name)
             if value is None:
                 continue
             if (
                 isinstance(value, bool)
-                or not isinstance(value, str | int)
+                or not isinstance(value, (str, int))
                 or (isinstance(value, str) and not value)
             ):
                 raise InvalidActionRequest(name, "must be a non-empty string, an integer, or None")

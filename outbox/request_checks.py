@@ -123,34 +123,44 @@ def utc(value: datetime | None) -> datetime | None:
 def encoded_payload(payload: Any, max_bytes: int) -> bytes:
     """The payload as compact UTF-8 JSON, the bytes the database receives; refuses what JSON
     cannot carry exactly, what PostgreSQL's ``jsonb`` cannot store, and what is too large."""
+    return checked_payload(payload, max_bytes)[0].encode("utf-8")
+
+
+def checked_payload(payload: Any, max_bytes: int) -> tuple[str, Any]:
+    """``encoded_payload``'s checks; returns the compact JSON as text and the value it decodes
+    to (a copy of the payload that shares nothing with the caller's, equal to it)."""
     if payload is None:
         raise InvalidActionRequest("payload", "must be JSON, not None (use {} for nothing)")
     try:
         text = _JSON.encode(payload)
-        exact = json.loads(text) == payload
+        copy = json.loads(text)
+        exact = copy == payload
     except (TypeError, ValueError, RecursionError) as error:
         raise InvalidActionRequest("payload", f"is not JSON-serialisable: {error}") from None
     if not exact:
         raise InvalidActionRequest("payload", _inexact(payload, "payload"))
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidActionRequest(
-            "payload", f"{_find(payload, 'payload', _surrogate)} contains a lone surrogate"
-        ) from None
+    if text.isascii():  # O(1): no surrogate, and a character a byte
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise InvalidActionRequest(
+                "payload", f"{_find(payload, 'payload', _surrogate)} contains a lone surrogate"
+            ) from None
     # jsonb refuses \u0000 in a string or a key. The escape can also be text that a string
     # spells out with a backslash of its own, so a hit is confirmed on the value itself.
     if _ESCAPED_NUL in text:
         where = _find(payload, "payload", _nul)
         if where is not None:
             raise InvalidActionRequest("payload", f"{where} contains a NUL character (\\x00)")
-    if len(data) > max_bytes:
+    if size > max_bytes:
         raise InvalidActionRequest(
             "payload",
-            f"is {len(data)} bytes as JSON; at most {max_bytes} are allowed "
+            f"is {size} bytes as JSON; at most {max_bytes} are allowed "
             "(OUTBOX_MAX_PAYLOAD_BYTES): keep identifiers in it, not documents",
         )
-    return data
+    return text, copy
 
 
 def _surrogate(text: str) -> bool:

@@ -19,11 +19,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.types.json import Jsonb
 
 from outbox import ActionKind, ActionRequest, enqueue_many
 from outbox._io import run_sync
 from outbox.batching import MAX_BATCH
+from outbox.enqueuing import enqueue_many_document
 from outbox.queries import queries_for
 from outbox.store import claim_operation
 
@@ -56,6 +56,12 @@ def _visited(node: dict[str, Any]) -> int:
         for key in ("Actual Rows", "Rows Removed by Filter", "Rows Removed by Join Filter")
     )
     return own + sum(_visited(child) for child in node.get("Plans", []))
+
+
+def _nodes(node: dict[str, Any], node_type: str) -> list[dict[str, Any]]:
+    """The plan's nodes of one type, at any depth."""
+    own = [node] if node["Node Type"] == node_type else []
+    return own + [n for child in node.get("Plans", []) for n in _nodes(child, node_type)]
 
 
 def _action_probes(node: dict[str, Any]) -> int:
@@ -196,22 +202,11 @@ def test_enqueue_many_visits_a_request_a_few_times(make_outbox, database_url, sc
         enqueue_many(conn, requests[::2], schema=schema)
         conn.commit()
         n = len(requests)
-        params = {
-            "kinds": ["NOTE"] * n,
-            "states": ["ADMITTED"] * n,
-            "workspace_ids": ["w"] * n,
-            "lane_keys": [r.lane_key for r in requests],
-            "idempotency_keys": [r.idempotency_key for r in requests],
-            "payloads": [Jsonb({"i": i}) for i in range(n)],
-            "subject_account_ids": [None] * n,
-            "max_attempts": [5] * n,
-            "expires_ats": [None] * n,
-            "not_befores": [None] * n,
-            "priorities": [0] * n,
-            "limit_keys": [None] * n,
-        }
+        document = enqueue_many_document(requests, [r.checked()[0] for r in requests])
+        params = {"requests": document}
         plan = generic_plan(conn, queries_for(schema)["enqueue_many"], params)
-    assert plan["Actual Rows"] == n // 2, plan
+    [insert] = _nodes(plan, "ModifyTable")
+    assert insert["Actual Rows"] == n // 2, plan
     assert _visited(plan) <= PER_ROW * n, json.dumps(plan, indent=1)
 
 

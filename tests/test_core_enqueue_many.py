@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -32,6 +32,7 @@ from outbox import (
     enqueue,
     enqueue_many,
     enqueue_many_async,
+    get_action,
 )
 from outbox.enqueuing import enqueue_many_operation
 from tests.support import expected_lanes, fold_lane_intake, lanes, rows, wait_until
@@ -181,6 +182,43 @@ def test_proposals_start_proposed_and_others_admitted(outbox, conn, schema):
         ActionState.ADMITTED,
     ]
     assert actions[2].workspace_id is None and actions[2].kind == "EMAIL"
+
+
+def test_a_created_action_is_the_row_the_database_stored(outbox, conn, schema):
+    # The insert returns only what the database made; the rest of the returned action comes from
+    # the request, and must say what reading the row back says, field by field.
+    later = datetime.now(UTC) + timedelta(hours=1)
+    requests = [
+        request("plain", payload={"b": [1, 2.5, None, "é"], "a": {"x": True}}),
+        request(
+            "full",
+            lane="other",
+            workspace_id=7,
+            subject_account_id=42,
+            limit_key=3,
+            priority=-5,
+            max_attempts=9,
+            proposal=True,
+            not_before=later,
+            expires_at=later + timedelta(days=1),
+        ),
+        request("scheduled", not_before=later.astimezone(timezone(timedelta(hours=5)))),
+        request("instance", kind="EMAIL", workspace_id=None, payload=[]),
+    ]
+    batch = enqueue_many(conn, requests, schema=schema)
+    single = [
+        enqueue(conn, replace(r, idempotency_key=f"{r.idempotency_key}#1"), schema=schema)
+        for r in requests
+    ]
+    for action in batch + single:
+        assert action.created
+        stored = get_action(conn, action.id, schema=schema)
+        assert stored is not None
+        assert replace(action, created=False) == stored, (action, stored)
+    payload = requests[0].payload
+    assert batch[0].payload is not payload and single[0].payload is not payload
+    payload["a"]["x"] = False  # the caller's object is the caller's
+    assert batch[0].payload["a"] == {"x": True} == single[0].payload["a"]
 
 
 def test_empty_batch_returns_nothing_and_runs_no_statement(counting, schema):

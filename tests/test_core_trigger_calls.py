@@ -265,3 +265,21 @@ def test_a_kind_deleted_while_an_enqueue_holds_it_waits_and_is_refused(db, datab
         other.execute(f'SET search_path TO "{schema}"')
         with pytest.raises(psycopg.errors.ForeignKeyViolation):
             other.execute("DELETE FROM agent_action_kind WHERE name = 'ONCE'")
+
+
+def test_an_uncommitted_enqueue_writes_no_lock_on_its_kinds_row(db, database_url, schema):
+    # The kind is held by an advisory lock, not a row lock: the kind's row stays as it was (no
+    # lock written into it, no MultiXact among concurrent enqueuers), and only a deletion or a
+    # rename waits (the test above).
+    enqueue_many(
+        db,
+        [ActionRequest(kind="ONCE", workspace_id="w", lane_key="l", idempotency_key="k")],
+        schema=schema,
+    )
+    with psycopg.connect(database_url, autocommit=True) as other:
+        other.execute(f'SET search_path TO "{schema}"')
+        locked = other.execute(
+            "SELECT name FROM agent_action_kind WHERE name = 'ONCE' FOR UPDATE NOWAIT"
+        ).fetchall()
+    assert locked == [("ONCE",)]
+    db.rollback()

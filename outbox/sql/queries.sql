@@ -17,7 +17,7 @@ SELECT k.name, %(state)s, %(workspace_id)s, %(lane_key)s, %(idempotency_key)s, %
    AND (%(workspace_id)s::text IS NOT NULL OR k.instance_level)
    AND (%(expires_at)s::timestamptz IS NULL OR %(expires_at)s::timestamptz > now())
 ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING *, true AS created
+RETURNING id, available_at, created_at
 
 -- name: action_by_idempotency_key
 -- The action that holds an idempotency key.
@@ -32,22 +32,42 @@ SELECT (SELECT k.instance_level FROM {schema}.agent_action_kind k WHERE k.name =
 -- name: enqueue_many
 -- Insert a batch of actions in request order (ids rise with it) in one statement, skipping keys
 -- that exist (a racing insert of a key waits for the other transaction); inserts nothing at all
--- when any request with a new key is refused (enqueue_many_diagnose then says which).
+-- when any request with a new key is refused (enqueue_many_diagnose then says which). The batch
+-- is one JSON object of columns, an array each, zipped in request order (a column left out, or
+-- shorter, reads as nulls). Returns one row (none when nothing was inserted) of what the
+-- database made, the caller has the rest:
+-- the new ids and their keys in id order, each one's due time where it is not now() (a
+-- not_before; null when none is), and now(), every new action's created_at. OFFSET 0 keeps the
+-- document a value of its own: pulled up into a custom plan, it was folded into each column's
+-- expression at planning time (14 ms of planning for 1,000 requests).
 WITH request AS (
-    SELECT r.*,
+    SELECT r.kind, r.state, r.workspace_id, r.lane_key, r.idempotency_key, r.payload,
+           r.subject_account_id, r.max_attempts::int AS max_attempts,
+           r.expires_at::timestamptz AS expires_at, r.not_before::timestamptz AS not_before,
+           r.priority::smallint AS priority, r.limit_key, r.ord,
            coalesce(k.name IS NOT NULL
                     AND (r.workspace_id IS NOT NULL OR k.instance_level)
-                    AND (r.expires_at IS NULL OR r.expires_at > now()), false) AS accepted
-      FROM unnest(%(kinds)s::text[], %(states)s::text[], %(workspace_ids)s::text[],
-                  %(lane_keys)s::text[], %(idempotency_keys)s::text[], %(payloads)s::jsonb[],
-                  %(subject_account_ids)s::text[], %(max_attempts)s::int[],
-                  %(expires_ats)s::timestamptz[], %(not_befores)s::timestamptz[],
-                  %(priorities)s::smallint[], %(limit_keys)s::text[])
+                    AND (r.expires_at IS NULL OR r.expires_at::timestamptz > now()), false)
+               AS accepted
+      FROM (SELECT %(requests)s::text::jsonb AS d OFFSET 0) b
+     CROSS JOIN ROWS FROM (
+               jsonb_array_elements_text(b.d -> 'kind'),
+               jsonb_array_elements_text(b.d -> 'state'),
+               jsonb_array_elements_text(b.d -> 'workspace_id'),
+               jsonb_array_elements_text(b.d -> 'lane_key'),
+               jsonb_array_elements_text(b.d -> 'idempotency_key'),
+               jsonb_array_elements(b.d -> 'payload'),
+               jsonb_array_elements_text(b.d -> 'subject_account_id'),
+               jsonb_array_elements_text(b.d -> 'max_attempts'),
+               jsonb_array_elements_text(b.d -> 'expires_at'),
+               jsonb_array_elements_text(b.d -> 'not_before'),
+               jsonb_array_elements_text(b.d -> 'priority'),
+               jsonb_array_elements_text(b.d -> 'limit_key'))
            WITH ORDINALITY AS r(kind, state, workspace_id, lane_key, idempotency_key, payload,
                                 subject_account_id, max_attempts, expires_at, not_before,
                                 priority, limit_key, ord)
       LEFT JOIN {schema}.agent_action_kind k ON k.name = r.kind
-)
+), inserted AS (
 INSERT INTO {schema}.agent_action
     (kind, state, workspace_id, lane_key, idempotency_key, payload, subject_account_id,
      max_attempts, expires_at, available_at, priority, limit_key)
@@ -63,7 +83,15 @@ SELECT r.kind, r.state, r.workspace_id, r.lane_key, r.idempotency_key, r.payload
                            WHERE a.idempotency_key = x.idempotency_key))
  ORDER BY r.ord
 ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING *, true AS created
+RETURNING id, idempotency_key, available_at
+)
+SELECT array_agg(i.id ORDER BY i.id) AS ids,
+       array_agg(i.idempotency_key ORDER BY i.id) AS keys,
+       CASE WHEN bool_or(i.available_at <> now())
+            THEN array_agg(nullif(i.available_at, now()) ORDER BY i.id) END AS later,
+       now() AS created_at
+  FROM inserted i
+HAVING count(*) > 0
 
 -- name: actions_by_idempotency_keys
 -- The actions that hold any of a list of idempotency keys.
