@@ -150,20 +150,31 @@ SELECT k AS limit_key FROM walk ORDER BY n
 -- heads by (priority, due time), fewer when the key's concurrency cap (`key_cap`, NULL for
 -- none) leaves less room beside its executing actions; then up to `limit` of them, each key's
 -- first before any key's second (round robin), and by priority and due time within a round.
-WITH keys AS (
+WITH busy AS (
+    -- Each key's executing actions of the kind, counted in one pass over the executing rows
+    -- (not once a key, nor once a candidate), and only under a cap.
+    SELECT coalesce(e.limit_key, e.workspace_id, '') AS k, count(*)::int AS n
+      FROM {schema}.agent_action e
+     WHERE %(key_cap)s::int IS NOT NULL
+       AND e.state = 'EXECUTING' AND e.kind = %(kind)s
+       AND coalesce(e.limit_key, e.workspace_id, '') = ANY (%(keys)s::text[])
+     GROUP BY 1
+), keys AS (
+    -- least() ignores the NULL of no cap.
     SELECT u.k, u.ord,
-           CASE WHEN %(key_cap)s::int IS NULL THEN %(per_key)s::int
-                ELSE least(%(per_key)s::int, %(key_cap)s::int - (
-                    SELECT count(*) FROM {schema}.agent_action e
-                     WHERE e.state = 'EXECUTING' AND e.kind = %(kind)s
-                       AND coalesce(e.limit_key, e.workspace_id, '') = u.k)::int) END AS room
+           least(%(per_key)s::int, %(key_cap)s::int - coalesce(busy.n, 0)) AS room
       FROM unnest(%(keys)s::text[]) WITH ORDINALITY AS u(k, ord)
+      LEFT JOIN busy ON busy.k = u.k
 ), candidates AS (
     SELECT c.lane_key, c.head_id, c.head_priority, c.head_due_at, keys.ord, c.rn
       FROM keys
      CROSS JOIN LATERAL (
            SELECT l.lane_key, l.head_id, l.head_priority, l.head_due_at,
-                  row_number() OVER (ORDER BY l.head_priority DESC, l.head_due_at) AS rn
+                  -- A ROWS frame: the default (RANGE) frame makes the window read every
+                  -- head that ties on (priority, due time) before its first row, and a
+                  -- batch enqueue gives a thousand lanes the same due time.
+                  row_number() OVER (ORDER BY l.head_priority DESC, l.head_due_at
+                                     ROWS UNBOUNDED PRECEDING) AS rn
              FROM {schema}.agent_action_lane l
             WHERE l.executing_id IS NULL
               AND l.head_due_at IS NOT NULL
