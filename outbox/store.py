@@ -95,9 +95,9 @@ def claim_operation(
     ``(id, epoch)``, and a payload may be large). A kind an operator paused is skipped (the
     intake says which; a caller that folded it passes no limit for them).
 
-    Lane heads are claimed fairly between limit keys (``claim_limit_keys``, then
-    ``claim_heads``) and by priority within a key; ``key_caps`` bounds each key's executing
-    actions per kind, and ``cursor`` (kind -> the last key a claim reached) carries the round
+    Lane heads are claimed fairly between limit keys (``claim_heads`` walks them) and by
+    priority within a key; ``key_caps`` bounds each key's executing actions per kind, and
+    ``cursor`` (kind -> the last key a claim reached) carries the round
     robin from one claim to the next: give the same dict to every claim of one claimer.
     """
     q = queries_for(schema)
@@ -127,28 +127,32 @@ def _claim_heads(
     key_cap: int | None,
     cursor: dict[str, str],
 ) -> Operation[list[ClaimedAction]]:
-    """Up to ``left`` due heads of one kind, a fair share of each limit key's."""
+    """Up to ``left`` due heads of one kind, a fair share of each limit key's: one statement
+    walks the keys (after the one ``cursor`` holds for the kind) and claims; a second only
+    when the first left room."""
     kind = params["kind"]
-    walk = min(left, FAIR_KEYS_PER_CLAIM)
-    rows = yield Statement(
-        q["claim_limit_keys"], {"kind": kind, "after": cursor.get(kind, ""), "limit": walk}
-    )
-    keys = [row["limit_key"] for row in rows]
+    heads = {
+        **params,
+        "keys": None,
+        "after": cursor.get(kind, ""),
+        "walk": min(left, FAIR_KEYS_PER_CLAIM),
+        "per_key": None,
+        "limit": left,
+        "key_cap": key_cap,
+    }
+    rows = yield Statement(q["claim_heads"], heads)
+    keys: list[str] | None = rows[0]["walked"] if rows else None
     if not keys:
         return []
     cursor[kind] = keys[-1]
-    claimed: list[ClaimedAction] = []
-    per_key = -(-left // len(keys))
+    claimed = _claimed([row for row in rows if row["id"] is not None])
+    left -= len(claimed)
     # A second pass when the first left room: some keys had fewer due heads than their share,
     # so the others may take more (claimed lanes are executing now, so nothing is taken twice).
-    for _ in range(2 if len(keys) > 1 else 1):
-        heads = {**params, "keys": keys, "per_key": per_key, "limit": left, "key_cap": key_cap}
+    if len(keys) > 1 and claimed and left > 0:
+        heads = {**heads, "keys": keys, "per_key": left, "limit": left}
         rows = yield Statement(q["claim_heads"], heads)
-        claimed.extend(_claimed(rows))
-        left -= len(rows)
-        if left <= 0 or not rows:
-            break
-        per_key = left
+        claimed.extend(_claimed([row for row in rows if row["id"] is not None]))
     return claimed
 
 

@@ -74,6 +74,8 @@ def claim_buffers(conn, schema: str, limit: int = 100) -> tuple[int, int, int]:
                 "take": False,
                 # Every action here is of workspace 'w': one limit key, its whole share.
                 "keys": ["w"],
+                "after": "",
+                "walk": 1,
                 "per_key": limit,
                 "key_cap": None,
             },
