@@ -86,8 +86,8 @@ def claim_operation(
     cursor: dict[str, str] | None = None,
 ) -> Operation[list[ClaimedAction]]:
     """Per kind, reclaims of expired leases first (they wait for nothing), then due lane heads
-    (none for the kinds in ``reclaims_only``); first the lane intake is folded, unless
-    ``intake`` is False (the caller folded it).
+    (none for the kinds in ``reclaims_only``), in one statement (``claim_heads``); first the
+    lane intake is folded, unless ``intake`` is False (the caller folded it).
 
     ``limits`` maps each kind to the most actions of that kind to claim now. With ``take`` the
     claim is also the take (an in-process executor runs what it claims): the attempt rises and
@@ -112,11 +112,10 @@ def claim_operation(
         if limit <= 0 or kind in paused:
             continue
         params = {"kind": kind, "limit": limit, "lease": lease, "take": take}
-        rows = yield Statement(q["claim_reclaims"], params)
-        claimed.extend(_claimed(rows))
-        left = limit - len(rows)
-        if left > 0 and kind not in reclaims_only:
-            claimed.extend((yield from _claim_heads(q, params, left, caps.get(kind), last)))
+        if kind in reclaims_only:
+            claimed.extend(_claimed((yield Statement(q["claim_reclaims"], params))))
+        else:
+            claimed.extend((yield from _claim_heads(q, params, limit, caps.get(kind), last)))
     return claimed
 
 
@@ -127,12 +126,13 @@ def _claim_heads(
     key_cap: int | None,
     cursor: dict[str, str],
 ) -> Operation[list[ClaimedAction]]:
-    """Up to ``left`` due heads of one kind, a fair share of each limit key's: one statement
-    walks the keys (after the one ``cursor`` holds for the kind) and claims; a second only
-    when the first left room."""
+    """Up to ``left`` actions of one kind: its reclaims, then due heads, a fair share of each
+    limit key's. One statement reclaims, walks the keys (after the one ``cursor`` holds for the
+    kind) and claims; a second only when the first left room."""
     kind = params["kind"]
     heads = {
         **params,
+        "reclaim": True,
         "keys": None,
         "after": cursor.get(kind, ""),
         "walk": min(left, FAIR_KEYS_PER_CLAIM),
@@ -141,16 +141,16 @@ def _claim_heads(
         "key_cap": key_cap,
     }
     rows = yield Statement(q["claim_heads"], heads)
+    claimed = _claimed([row for row in rows if row["id"] is not None])
     keys: list[str] | None = rows[0]["walked"] if rows else None
     if not keys:
-        return []
+        return claimed
     cursor[kind] = keys[-1]
-    claimed = _claimed([row for row in rows if row["id"] is not None])
     left -= len(claimed)
     # A second pass when the first left room: some keys had fewer due heads than their share,
     # so the others may take more (claimed lanes are executing now, so nothing is taken twice).
     if len(keys) > 1 and claimed and left > 0:
-        heads = {**heads, "keys": keys, "per_key": left, "limit": left}
+        heads = {**heads, "reclaim": False, "keys": keys, "per_key": left, "limit": left}
         rows = yield Statement(q["claim_heads"], heads)
         claimed.extend(_claimed([row for row in rows if row["id"] is not None]))
     return claimed

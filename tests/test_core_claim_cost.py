@@ -73,6 +73,7 @@ def claim_buffers(conn, schema: str, limit: int = 100) -> tuple[int, int, int]:
                 "lease": timedelta(minutes=5),
                 "take": False,
                 # Every action here is of workspace 'w': one limit key, its whole share.
+                "reclaim": True,
                 "keys": ["w"],
                 "after": "",
                 "walk": 1,

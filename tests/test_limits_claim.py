@@ -285,15 +285,11 @@ def statements_of_a_claim(conn, schema: str, limit: int, **kwargs) -> list[str]:
     return ran
 
 
-def test_a_claim_walks_the_keys_and_claims_in_one_statement(make_outbox, conn, schema):
+def test_a_claim_reclaims_walks_the_keys_and_claims_in_one_statement(make_outbox, conn, schema):
     build(make_outbox)
     enqueue_many(conn, [req(f"l{i}", f"k{i}", f"ws{i % 3}") for i in range(9)], schema=schema)
     conn.commit()
-    assert statements_of_a_claim(conn, schema, 6) == [
-        "lane_intake",
-        "claim_reclaims",
-        "claim_heads",
-    ]
+    assert statements_of_a_claim(conn, schema, 6) == ["lane_intake", "claim_heads"]
 
 
 def test_the_round_robin_moves_past_keys_a_cap_fills(make_outbox, conn, schema):
@@ -322,3 +318,21 @@ def test_the_round_robin_moves_past_keys_a_cap_fills(make_outbox, conn, schema):
     first, second = asyncio.run(rounds())
     assert first == []
     assert [c.action.id for c in second] == [later.id]
+
+
+def test_reclaims_come_first_and_count_toward_the_claim(make_outbox, conn, schema):
+    ob = build(make_outbox)
+    enqueue_many(conn, [req(f"l{i}", f"k{i}", f"ws{i}") for i in range(3)], schema=schema)
+    conn.commit()
+
+    async def lost() -> list[ClaimedAction]:
+        async with ob.store() as store:  # leases that run out at once: their claims are lost
+            return await store.claim({NOTE.name: 3}, timedelta(0), take=False)
+
+    expired = {c.action.id for c in asyncio.run(lost())}
+    assert len(expired) == 3
+    enqueue_many(conn, [req(f"m{i}", f"n{i}", f"ws{i}") for i in range(5)], schema=schema)
+    conn.commit()
+    claimed = claim_now(ob, 4)
+    assert {c.action.id for c in claimed[:3]} == expired
+    assert len(claimed) == 4 and claimed[3].action.id not in expired

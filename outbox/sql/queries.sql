@@ -124,7 +124,37 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
 -- (not one of its own) so that a claim is one round trip; every row returned carries the keys
 -- claimed over (`walked`, for the caller's round robin), and a claim that found nothing returns
 -- one row of NULLs with them.
-WITH RECURSIVE walk(k, first, n) AS (
+-- With `reclaim`, the kind's reclaims (as claim_reclaims) come first, in the same statement
+-- (one round trip a claim): up to `limit` of them, and the heads fill what they left.
+WITH RECURSIVE expired AS (
+    SELECT a.id
+      FROM {schema}.agent_action a
+     WHERE %(reclaim)s
+       AND a.state = 'EXECUTING'
+       AND a.lease_until <= now()
+       AND a.kind = %(kind)s
+       AND (a.taken_epoch IS DISTINCT FROM a.epoch OR a.attempt < a.max_attempts)
+       AND (a.write_started_at IS NULL OR a.kind IN (
+                SELECT k.name FROM {schema}.agent_action_kind k WHERE NOT k.at_most_once))
+     ORDER BY a.lease_until
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), reclaimed AS (
+    UPDATE {schema}.agent_action a
+       SET epoch = a.epoch + 1, lease_until = now() + %(lease)s,
+           attempt = a.attempt + %(take)s::int,
+           taken_epoch = CASE WHEN %(take)s THEN a.epoch + 1 ELSE a.taken_epoch END
+      FROM expired
+     WHERE a.id = expired.id
+    RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
+              CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
+              a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
+              a.write_started_at, a.earlier_write_at, a.readback_ref, a.stop_reason,
+              a.retry_reason, a.created_at, a.ended_at, a.priority, a.limit_key,
+              a.lease_until - now() AS lease_left
+), room AS (
+    SELECT %(limit)s::int - count(*)::int AS n FROM reclaimed
+), walk(k, first, n) AS (
     SELECT s.k, s.k, 1
       FROM (SELECT coalesce(
                 (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
@@ -134,7 +164,8 @@ WITH RECURSIVE walk(k, first, n) AS (
                 (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
                   WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
                     AND l.head_kind = %(kind)s
-                  ORDER BY l.head_limit_key LIMIT 1)) AS k) s
+                  ORDER BY l.head_limit_key LIMIT 1)) AS k
+             OFFSET 0) s  -- as in the step below
      WHERE s.k IS NOT NULL AND %(keys)s::text[] IS NULL
     UNION ALL
     SELECT x.k, w.first, w.n + 1
@@ -170,7 +201,7 @@ WITH RECURSIVE walk(k, first, n) AS (
      CROSS JOIN LATERAL unnest(walked.keys) WITH ORDINALITY AS u(k, ord)
      CROSS JOIN LATERAL (
            SELECT coalesce(%(per_key)s::int,
-                           (%(limit)s::int + cardinality(walked.keys) - 1)
+                           ((SELECT n FROM room) + cardinality(walked.keys) - 1)
                                / cardinality(walked.keys)) AS share) s
       LEFT JOIN busy ON busy.k = u.k
 ), candidates AS (
@@ -194,16 +225,21 @@ WITH RECURSIVE walk(k, first, n) AS (
             LIMIT keys.share) c
      WHERE c.rn <= keys.room
      ORDER BY c.rn, c.head_priority DESC, c.head_due_at, keys.ord
-     LIMIT %(limit)s
+     LIMIT (SELECT n FROM room)
 ), heads AS (
-    SELECT l.head_id
-      FROM {schema}.agent_action_lane l
-      JOIN candidates c ON c.lane_key = l.lane_key
-     WHERE l.executing_id IS NULL
-       AND l.head_id = c.head_id
-       AND l.head_due_at <= now()
-       AND (l.busy_until IS NULL OR l.busy_until <= now())
-       FOR UPDATE OF l SKIP LOCKED
+    -- One primary-key probe a candidate (a lateral lock is never turned into a scan of the
+    -- whole lane table, which a join's row estimate could choose).
+    SELECT h.head_id
+      FROM candidates c
+     CROSS JOIN LATERAL (
+           SELECT l.head_id
+             FROM {schema}.agent_action_lane l
+            WHERE l.lane_key = c.lane_key
+              AND l.executing_id IS NULL
+              AND l.head_id = c.head_id
+              AND l.head_due_at <= now()
+              AND (l.busy_until IS NULL OR l.busy_until <= now())
+              FOR UPDATE OF l SKIP LOCKED) h
 ), ready AS (
     SELECT a.id
       FROM heads
@@ -232,11 +268,12 @@ WITH RECURSIVE walk(k, first, n) AS (
 )
 SELECT c.*, w.keys AS walked
   FROM walked w
-  LEFT JOIN claimed c ON true
+  LEFT JOIN (SELECT * FROM reclaimed UNION ALL SELECT * FROM claimed) c ON true
 
 -- name: claim_reclaims
 -- Executing actions whose lease expired are claimed again at once, without waiting for their
--- lane: a lane whose holder crashed does not stall. Never an at-most-once action whose write
+-- lane: a lane whose holder crashed does not stall. (claim_heads does the same first; this
+-- runs alone for a kind whose claims a stalled claimer only probes.) Never an at-most-once action whose write
 -- started, nor one whose last attempt ran (housekeeping ends those). A claim that no worker
 -- took spent no attempt, whatever the count. `take` as for claim_heads.
 WITH expired AS (
