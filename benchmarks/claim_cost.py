@@ -3,10 +3,11 @@
 (d) as (b) with priorities and limits on: the single lanes over 100 workspaces (the claim's fair
 walk over limit keys) with three priorities, and a per-key concurrency cap.
 
-Each timing is the real claim (``outbox.store.claim_operation``: the reclaims statement, then
-``claim_limit_keys`` and ``claim_heads``) on a fresh transaction that is rolled back, so every
-run claims the same heads; the median of several runs is reported, with the buffers the
-``claim_heads`` plan touched (a number that does not drift with the machine's load).
+Each timing is the real claim (``outbox.store.claim_operation``: the lane intake, then
+``claim_heads``, which reclaims, walks the limit keys and claims) on a fresh transaction that is
+rolled back, so every run claims the same heads; the median of several runs is reported, with
+the buffers the ``claim_heads`` plan touched, its reclaims and key walk included (a number that
+does not drift with the machine's load).
 ``ratio`` = each case's p50 over (a)'s.
 """
 
@@ -104,13 +105,6 @@ def time_claims(schema: str, runs: int, key_cap: int | None = None) -> tuple[lis
     claimed = 0
     caps = {NOOP.name: key_cap} if key_cap else None
     with psycopg.connect(DATABASE_URL) as conn:
-        keys = [
-            row[0]
-            for row in conn.execute(
-                queries_for(schema)["claim_limit_keys"],
-                {"kind": NOOP.name, "after": "", "limit": FAIR_KEYS_PER_CLAIM},
-            )
-        ]
         for i in range(runs + 1):
             with conn.transaction(force_rollback=True):
                 started = time.perf_counter()
@@ -128,8 +122,12 @@ def time_claims(schema: str, runs: int, key_cap: int | None = None) -> tuple[lis
                     "limit": BATCH,
                     "lease": LEASE,
                     "take": False,
-                    "keys": keys,
-                    "per_key": -(-BATCH // len(keys)),
+                    # The statement of a claim: it reclaims and walks the limit keys itself.
+                    "reclaim": True,
+                    "keys": None,
+                    "after": "",
+                    "walk": FAIR_KEYS_PER_CLAIM,
+                    "per_key": None,
                     "key_cap": key_cap,
                 },
             ).fetchone()

@@ -87,8 +87,8 @@ def claim_operation(
     cursor: dict[str, str] | None = None,
 ) -> Operation[list[ClaimedAction]]:
     """Per kind, reclaims of expired leases first (they wait for nothing), then due lane heads
-    (none for the kinds in ``reclaims_only``); first the lane intake is folded, unless
-    ``intake`` is False (the caller folded it).
+    (none for the kinds in ``reclaims_only``), in one statement (``claim_heads``); first the
+    lane intake is folded, unless ``intake`` is False (the caller folded it).
 
     ``limits`` maps each kind to the most actions of that kind to claim now. With ``take`` the
     claim is also the take (an in-process executor runs what it claims): the attempt rises and
@@ -96,12 +96,12 @@ def claim_operation(
     ``(id, epoch)``, and a payload may be large). A kind an operator paused is skipped (the
     intake says which; a caller that folded it passes no limit for them).
 
-    Lane heads are claimed fairly between limit keys (``claim_limit_keys``, then
-    ``claim_heads``) and by priority within a key; ``key_caps`` bounds each key's executing
-    actions per kind, and ``cursor`` (kind -> the last key a claim reached) carries the round
+    Lane heads are claimed fairly between limit keys (``claim_heads`` walks them) and by
+    priority within a key; ``key_caps`` bounds each key's executing actions per kind, and
+    ``cursor`` (kind -> the last key a claim reached) carries the round
     robin from one claim to the next: give the same dict to every claim of one claimer.
     ``reclaims_of``: only these kinds may have leases that ran out (the caller counted them in
-    this transaction), so the others skip the reclaim statement; None looks for every kind.
+    this transaction), so the others' claims skip the reclaim; None looks for every kind.
     """
     q = queries_for(schema)
     paused: frozenset[str] = frozenset()
@@ -115,13 +115,14 @@ def claim_operation(
         if limit <= 0 or kind in paused:
             continue
         params = {"kind": kind, "limit": limit, "lease": lease, "take": take}
-        rows = []
-        if reclaims_of is None or kind in reclaims_of:
-            rows = yield Statement(q["claim_reclaims"], params)
-            claimed.extend(_claimed(rows))
-        left = limit - len(rows)
-        if left > 0 and kind not in reclaims_only:
-            claimed.extend((yield from _claim_heads(q, params, left, caps.get(kind), last)))
+        reclaim = reclaims_of is None or kind in reclaims_of
+        if kind in reclaims_only:
+            if reclaim:
+                claimed.extend(_claimed((yield Statement(q["claim_reclaims"], params))))
+        else:
+            claimed.extend(
+                (yield from _claim_heads(q, params, limit, caps.get(kind), last, reclaim))
+            )
     return claimed
 
 
@@ -131,29 +132,35 @@ def _claim_heads(
     left: int,
     key_cap: int | None,
     cursor: dict[str, str],
+    reclaim: bool = True,
 ) -> Operation[list[ClaimedAction]]:
-    """Up to ``left`` due heads of one kind, a fair share of each limit key's."""
+    """Up to ``left`` actions of one kind: its reclaims (unless ``reclaim`` is False), then due
+    heads, a fair share of each limit key's. One statement reclaims, walks the keys (after the
+    one ``cursor`` holds for the kind) and claims; a second only when the first left room."""
     kind = params["kind"]
-    walk = min(left, FAIR_KEYS_PER_CLAIM)
-    rows = yield Statement(
-        q["claim_limit_keys"], {"kind": kind, "after": cursor.get(kind, ""), "limit": walk}
-    )
-    keys = [row["limit_key"] for row in rows]
+    heads = {
+        **params,
+        "reclaim": reclaim,
+        "keys": None,
+        "after": cursor.get(kind, ""),
+        "walk": min(left, FAIR_KEYS_PER_CLAIM),
+        "per_key": None,
+        "limit": left,
+        "key_cap": key_cap,
+    }
+    rows = yield Statement(q["claim_heads"], heads)
+    claimed = _claimed([row for row in rows if row["id"] is not None])
+    keys: list[str] | None = rows[0]["walked"] if rows else None
     if not keys:
-        return []
+        return claimed
     cursor[kind] = keys[-1]
-    claimed: list[ClaimedAction] = []
-    per_key = -(-left // len(keys))
+    left -= len(claimed)
     # A second pass when the first left room: some keys had fewer due heads than their share,
     # so the others may take more (claimed lanes are executing now, so nothing is taken twice).
-    for _ in range(2 if len(keys) > 1 else 1):
-        heads = {**params, "keys": keys, "per_key": per_key, "limit": left, "key_cap": key_cap}
+    if len(keys) > 1 and claimed and left > 0:
+        heads = {**heads, "reclaim": False, "keys": keys, "per_key": left, "limit": left}
         rows = yield Statement(q["claim_heads"], heads)
-        claimed.extend(_claimed(rows))
-        left -= len(rows)
-        if left <= 0 or not rows:
-            break
-        per_key = left
+        claimed.extend(_claimed([row for row in rows if row["id"] is not None]))
     return claimed
 
 

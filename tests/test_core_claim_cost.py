@@ -73,7 +73,10 @@ def claim_buffers(conn, schema: str, limit: int = 100) -> tuple[int, int, int]:
                 "lease": timedelta(minutes=5),
                 "take": False,
                 # Every action here is of workspace 'w': one limit key, its whole share.
+                "reclaim": True,
                 "keys": ["w"],
+                "after": "",
+                "walk": 1,
                 "per_key": limit,
                 "key_cap": None,
             },
@@ -126,3 +129,14 @@ def test_history_costs_a_claim_nothing(make_outbox, database_url, schema):
     # primary-key and idempotency indexes (one level more at 200,000 rows).
     assert visited <= 1.5 * small_visited, (visited, small_visited)
     assert with_history <= 1.5 * small, (with_history, small)
+
+
+def test_a_small_claim_reads_few_heads_of_many_that_tie(make_outbox, database_url, schema):
+    """One batch enqueue gives every lane's head the same due time: a claim of one head reads a
+    few of them, not every head that ties on (priority, due time)."""
+    outbox_on(make_outbox)
+    with psycopg.connect(database_url) as conn:
+        fill(conn, schema, hot_lane=0, single_lanes=1_000)
+        _, visited, rows_claimed = claim_buffers(conn, schema, limit=1)
+    assert rows_claimed == 1
+    assert visited < 100, visited

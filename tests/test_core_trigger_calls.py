@@ -207,9 +207,10 @@ def test_a_batched_claim_fence_and_finish_call_each_trigger_once_a_statement(db,
     assert len(fenced) == len(finished) == 20
     calls = _function_calls(db)
     db.commit()
-    # The claim's reclaims and heads, the fences, the finishes: four UPDATE statements. The
-    # guard passes all 40 state changes by its WHEN clause; no lane had a successor to refresh.
-    assert calls.get("agent_action_lanes_moved") == 4, calls
+    # The claim (its reclaims and heads, one statement), the fences, the finishes: three UPDATE
+    # statements. The guard passes all 40 state changes by its WHEN clause; no lane had a
+    # successor to refresh.
+    assert calls.get("agent_action_lanes_moved") == 3, calls
     assert "guard_agent_action" not in calls, calls
     assert "agent_action_lane_track" not in calls, calls
     assert "agent_action_lane_refresh" not in calls, calls

@@ -70,9 +70,9 @@ def test_a_round_sends_claim_statements_only_for_kinds_with_work(make_outbox, co
 
     claimed, sent = _round(ob, schema, kinds, timedelta(seconds=1))
     assert len(claimed.claimed) == 3
-    # One look, then the busy kind's heads; no reclaim (no lease ran out) and nothing at all
-    # for the five idle kinds (before: a reclaim and a key walk each).
-    assert sent == ["claim_round_state", "claim_limit_keys", "claim_heads"], sent
+    # One look, then the busy kind's claim; nothing at all for the five idle kinds (before: a
+    # claim statement each).
+    assert sent == ["claim_round_state", "claim_heads"], sent
 
     idle, sent = _round(ob, schema, kinds, timedelta(seconds=1))
     assert idle.claimed == [] and sent == ["claim_round_state"], sent

@@ -259,3 +259,80 @@ def test_a_kind_cap_lowers_the_claimers_in_flight_bound(make_outbox, conn, schem
 
     assert len(asyncio.run(one_round()).claimed) == 3
     assert len(asyncio.run(one_round()).claimed) == 0  # three in flight already
+
+
+# -- one statement a claim ---------------------------------------------------------------------
+
+
+def statements_of_a_claim(conn, schema: str, limit: int, **kwargs) -> list[str]:
+    """The statements one ``claim_operation`` ran, by name, in order (rolled back)."""
+    from outbox.queries import queries_for
+    from outbox.store import claim_operation
+
+    names = {sql: name for name, sql in queries_for(schema).items()}
+    ran: list[str] = []
+    op = claim_operation(schema, {NOTE.name: limit}, LEASE, take=False, **kwargs)
+    with conn.transaction(force_rollback=True), conn.cursor() as cur:
+        cur.row_factory = psycopg.rows.dict_row
+        try:
+            statement = next(op)
+            while True:
+                ran.append(names[statement.sql])
+                cur.execute(statement.sql, statement.params)
+                statement = op.send(cur.fetchall())
+        except StopIteration:
+            pass
+    return ran
+
+
+def test_a_claim_reclaims_walks_the_keys_and_claims_in_one_statement(make_outbox, conn, schema):
+    build(make_outbox)
+    enqueue_many(conn, [req(f"l{i}", f"k{i}", f"ws{i % 3}") for i in range(9)], schema=schema)
+    conn.commit()
+    assert statements_of_a_claim(conn, schema, 6) == ["lane_intake", "claim_heads"]
+
+
+def test_the_round_robin_moves_past_keys_a_cap_fills(make_outbox, conn, schema):
+    """A claim that finds every walked key at its cap claims nothing, yet the next claim of the
+    same claimer starts after them, so the keys beyond the walk are reached."""
+    from outbox.store import FAIR_KEYS_PER_CLAIM
+
+    ob = build(make_outbox)
+    full = [f"a{w:02d}" for w in range(FAIR_KEYS_PER_CLAIM)]
+    enqueue_many(
+        conn, [req(f"{w}-{i}", f"{w}-{i}", w) for w in full for i in range(2)], schema=schema
+    )
+    conn.commit()
+    caps = {NOTE.name: 1}
+    assert len(claim_now(ob, 100, key_caps=caps)) == FAIR_KEYS_PER_CLAIM  # every key at its cap
+    later = enqueue(conn, req("z-0", "z-0", "z"), schema=schema)
+    conn.commit()
+
+    async def rounds() -> list[list[ClaimedAction]]:
+        async with ob.store() as store:
+            return [
+                await store.claim({NOTE.name: 100}, LEASE, take=False, key_caps=caps)
+                for _ in range(2)
+            ]
+
+    first, second = asyncio.run(rounds())
+    assert first == []
+    assert [c.action.id for c in second] == [later.id]
+
+
+def test_reclaims_come_first_and_count_toward_the_claim(make_outbox, conn, schema):
+    ob = build(make_outbox)
+    enqueue_many(conn, [req(f"l{i}", f"k{i}", f"ws{i}") for i in range(3)], schema=schema)
+    conn.commit()
+
+    async def lost() -> list[ClaimedAction]:
+        async with ob.store() as store:  # leases that run out at once: their claims are lost
+            return await store.claim({NOTE.name: 3}, timedelta(0), take=False)
+
+    expired = {c.action.id for c in asyncio.run(lost())}
+    assert len(expired) == 3
+    enqueue_many(conn, [req(f"m{i}", f"n{i}", f"ws{i}") for i in range(5)], schema=schema)
+    conn.commit()
+    claimed = claim_now(ob, 4)
+    assert {c.action.id for c in claimed[:3]} == expired
+    assert len(claimed) == 4 and claimed[3].action.id not in expired

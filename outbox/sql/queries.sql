@@ -133,13 +133,56 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
        (SELECT coalesce(array_agg(p.kind), '{}') FROM {schema}.agent_action_kind_pause p)
            AS paused
 
--- name: claim_limit_keys
--- The limit keys (workspaces, unless the actions name others) that have waiting lane heads of a
--- kind: up to `limit` of them, in key order from the first after `after`, wrapping around once.
--- One index probe a key (a skip scan of ix_agent_action_lane_ready), however many heads a key
--- has; a key whose heads are all scheduled for later or busy is still listed (claim_heads then
--- finds nothing due in it).
-WITH RECURSIVE walk(k, first, n) AS (
+-- name: claim_heads
+-- Due, idle lane heads of one kind become EXECUTING under a lease: the epoch rises, the
+-- attempt does not (a worker's take counts it). With `take` (an in-process executor that runs
+-- what it claims) the claim is the take too, and returns the payload; without, the payload is
+-- not read. Lanes and heads another transaction holds are skipped; a lane row is reached
+-- through its own small index, never through the lane's backlog.
+-- Fair and by priority, over limit keys (workspaces, unless the actions name others): `keys`,
+-- or, when it is NULL, the walk below; of each key at most its share of due heads by
+-- (priority, due time): `per_key`, or, when NULL, `limit` divided by the keys; fewer when the
+-- key's concurrency cap (`key_cap`, NULL for none) leaves less room beside its executing
+-- actions; then up to `limit` of them, each key's first before any key's second (round robin),
+-- and by priority and due time within a round.
+-- The walk: the keys that have waiting lane heads of the kind, up to `walk` of them, in key
+-- order from the first after `after`, wrapping around once; one probe of
+-- ix_agent_action_lane_ready a key (a skip scan), however many heads a key has. A key whose
+-- heads are all scheduled for later, busy or capped is still walked. It runs in this statement
+-- (not one of its own) so that a claim is one round trip; every row returned carries the keys
+-- claimed over (`walked`, for the caller's round robin), and a claim that found nothing returns
+-- one row of NULLs with them.
+-- With `reclaim`, the kind's reclaims (as claim_reclaims) come first, in the same statement
+-- (one round trip a claim): up to `limit` of them, and the heads fill what they left.
+WITH RECURSIVE expired AS (
+    SELECT a.id
+      FROM {schema}.agent_action a
+     WHERE %(reclaim)s
+       AND a.state = 'EXECUTING'
+       AND a.lease_until <= now()
+       AND a.kind = %(kind)s
+       AND (a.taken_epoch IS DISTINCT FROM a.epoch OR a.attempt < a.max_attempts)
+       AND (a.write_started_at IS NULL OR a.kind IN (
+                SELECT k.name FROM {schema}.agent_action_kind k WHERE NOT k.at_most_once))
+     ORDER BY a.lease_until
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), reclaimed AS (
+    UPDATE {schema}.agent_action a
+       SET epoch = a.epoch + 1, lease_until = now() + %(lease)s,
+           attempt = a.attempt + %(take)s::int,
+           taken_epoch = CASE WHEN %(take)s THEN a.epoch + 1 ELSE a.taken_epoch END
+      FROM expired
+     WHERE a.id = expired.id
+    RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
+              CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
+              a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
+              a.write_started_at, a.earlier_write_at, a.readback_ref, a.stop_reason,
+              a.retry_reason, a.created_at, a.ended_at, a.priority, a.limit_key,
+              a.lease_until - now() AS lease_left
+), room AS (
+    SELECT %(limit)s::int - count(*)::int AS n FROM reclaimed
+), walk(k, first, n) AS (
     SELECT s.k, s.k, 1
       FROM (SELECT coalesce(
                 (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
@@ -149,8 +192,9 @@ WITH RECURSIVE walk(k, first, n) AS (
                 (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
                   WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
                     AND l.head_kind = %(kind)s
-                  ORDER BY l.head_limit_key LIMIT 1)) AS k) s
-     WHERE s.k IS NOT NULL
+                  ORDER BY l.head_limit_key LIMIT 1)) AS k
+             OFFSET 0) s  -- as in the step below
+     WHERE s.k IS NOT NULL AND %(keys)s::text[] IS NULL
     UNION ALL
     SELECT x.k, w.first, w.n + 1
       FROM walk w
@@ -163,35 +207,41 @@ WITH RECURSIVE walk(k, first, n) AS (
                (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
                  WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
                    AND l.head_kind = %(kind)s
-                 ORDER BY l.head_limit_key LIMIT 1)) AS k) x
-     WHERE w.n < %(limit)s AND x.k <> w.first
-)
-SELECT k AS limit_key FROM walk ORDER BY n
-
--- name: claim_heads
--- Due, idle lane heads of one kind become EXECUTING under a lease: the epoch rises, the
--- attempt does not (a worker's take counts it). With `take` (an in-process executor that runs
--- what it claims) the claim is the take too, and returns the payload; without, the payload is
--- not read. Lanes and heads another transaction holds are skipped; a lane row is reached
--- through its own small index, never through the lane's backlog.
--- Fair and by priority: of each limit key in `keys` (claim_limit_keys) at most `per_key` due
--- heads by (priority, due time), fewer when the key's concurrency cap (`key_cap`, NULL for
--- none) leaves less room beside its executing actions; then up to `limit` of them, each key's
--- first before any key's second (round robin), and by priority and due time within a round.
-WITH keys AS (
-    SELECT u.k, u.ord,
-           CASE WHEN %(key_cap)s::int IS NULL THEN %(per_key)s::int
-                ELSE least(%(per_key)s::int, %(key_cap)s::int - (
-                    SELECT count(*) FROM {schema}.agent_action e
-                     WHERE e.state = 'EXECUTING' AND e.kind = %(kind)s
-                       AND coalesce(e.limit_key, e.workspace_id, '') = u.k)::int) END AS room
-      FROM unnest(%(keys)s::text[]) WITH ORDINALITY AS u(k, ord)
+                 ORDER BY l.head_limit_key LIMIT 1)) AS k
+           OFFSET 0) x  -- not flattened: the filter and the output would each probe
+     WHERE w.n < %(walk)s AND x.k <> w.first
+), walked AS (
+    SELECT coalesce(%(keys)s::text[], (SELECT array_agg(w.k ORDER BY w.n) FROM walk w)) AS keys
+), busy AS (
+    -- Each key's executing actions of the kind, counted in one pass over the executing rows
+    -- (not once a key, nor once a candidate), and only under a cap.
+    SELECT coalesce(e.limit_key, e.workspace_id, '') AS k, count(*)::int AS n
+      FROM walked, {schema}.agent_action e
+     WHERE %(key_cap)s::int IS NOT NULL
+       AND e.state = 'EXECUTING' AND e.kind = %(kind)s
+       AND coalesce(e.limit_key, e.workspace_id, '') = ANY (walked.keys)
+     GROUP BY 1
+), keys AS (
+    -- least() ignores the NULL of no cap.
+    SELECT u.k, u.ord, s.share,
+           least(s.share, %(key_cap)s::int - coalesce(busy.n, 0)) AS room
+      FROM walked
+     CROSS JOIN LATERAL unnest(walked.keys) WITH ORDINALITY AS u(k, ord)
+     CROSS JOIN LATERAL (
+           SELECT coalesce(%(per_key)s::int,
+                           ((SELECT n FROM room) + cardinality(walked.keys) - 1)
+                               / cardinality(walked.keys)) AS share) s
+      LEFT JOIN busy ON busy.k = u.k
 ), candidates AS (
     SELECT c.lane_key, c.head_id, c.head_priority, c.head_due_at, keys.ord, c.rn
       FROM keys
      CROSS JOIN LATERAL (
            SELECT l.lane_key, l.head_id, l.head_priority, l.head_due_at,
-                  row_number() OVER (ORDER BY l.head_priority DESC, l.head_due_at) AS rn
+                  -- A ROWS frame: the default (RANGE) frame makes the window read every
+                  -- head that ties on (priority, due time) before its first row, and a
+                  -- batch enqueue gives a thousand lanes the same due time.
+                  row_number() OVER (ORDER BY l.head_priority DESC, l.head_due_at
+                                     ROWS UNBOUNDED PRECEDING) AS rn
              FROM {schema}.agent_action_lane l
             WHERE l.executing_id IS NULL
               AND l.head_due_at IS NOT NULL
@@ -200,19 +250,24 @@ WITH keys AS (
               AND l.head_kind = %(kind)s
               AND l.head_limit_key = keys.k
             ORDER BY l.head_priority DESC, l.head_due_at
-            LIMIT %(per_key)s) c
+            LIMIT keys.share) c
      WHERE c.rn <= keys.room
      ORDER BY c.rn, c.head_priority DESC, c.head_due_at, keys.ord
-     LIMIT %(limit)s
+     LIMIT (SELECT n FROM room)
 ), heads AS (
-    SELECT l.head_id
-      FROM {schema}.agent_action_lane l
-      JOIN candidates c ON c.lane_key = l.lane_key
-     WHERE l.executing_id IS NULL
-       AND l.head_id = c.head_id
-       AND l.head_due_at <= now()
-       AND (l.busy_until IS NULL OR l.busy_until <= now())
-       FOR UPDATE OF l SKIP LOCKED
+    -- One primary-key probe a candidate (a lateral lock is never turned into a scan of the
+    -- whole lane table, which a join's row estimate could choose).
+    SELECT h.head_id
+      FROM candidates c
+     CROSS JOIN LATERAL (
+           SELECT l.head_id
+             FROM {schema}.agent_action_lane l
+            WHERE l.lane_key = c.lane_key
+              AND l.executing_id IS NULL
+              AND l.head_id = c.head_id
+              AND l.head_due_at <= now()
+              AND (l.busy_until IS NULL OR l.busy_until <= now())
+              FOR UPDATE OF l SKIP LOCKED) h
 ), ready AS (
     SELECT a.id
       FROM heads
@@ -225,23 +280,28 @@ WITH keys AS (
                         WHERE b.lane_key = a.lane_key AND b.state IN ('PROPOSED', 'ADMITTED')
                           AND b.id < a.id)
        FOR UPDATE OF a SKIP LOCKED  -- a head an application's erasure holds is left
+), claimed AS (
+    UPDATE {schema}.agent_action a
+       SET state = 'EXECUTING', epoch = a.epoch + 1, lease_until = now() + %(lease)s,
+           attempt = a.attempt + %(take)s::int,
+           taken_epoch = CASE WHEN %(take)s THEN a.epoch + 1 ELSE a.taken_epoch END
+      FROM ready
+     WHERE a.id = ready.id
+    RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
+              CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
+              a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
+              a.write_started_at, a.earlier_write_at, a.readback_ref, a.stop_reason,
+              a.retry_reason, a.created_at, a.ended_at, a.priority, a.limit_key,
+              a.lease_until - now() AS lease_left
 )
-UPDATE {schema}.agent_action a
-   SET state = 'EXECUTING', epoch = a.epoch + 1, lease_until = now() + %(lease)s,
-       attempt = a.attempt + %(take)s::int,
-       taken_epoch = CASE WHEN %(take)s THEN a.epoch + 1 ELSE a.taken_epoch END
-  FROM ready
- WHERE a.id = ready.id
-RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
-          CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
-          a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
-          a.write_started_at, a.earlier_write_at, a.readback_ref, a.stop_reason,
-          a.retry_reason, a.created_at, a.ended_at, a.priority, a.limit_key,
-          a.lease_until - now() AS lease_left
+SELECT c.*, w.keys AS walked
+  FROM walked w
+  LEFT JOIN (SELECT * FROM reclaimed UNION ALL SELECT * FROM claimed) c ON true
 
 -- name: claim_reclaims
 -- Executing actions whose lease expired are claimed again at once, without waiting for their
--- lane: a lane whose holder crashed does not stall. Never an at-most-once action whose write
+-- lane: a lane whose holder crashed does not stall. (claim_heads does the same first; this
+-- runs alone for a kind whose claims a stalled claimer only probes.) Never an at-most-once action whose write
 -- started, nor one whose last attempt ran (housekeeping ends those). A claim that no worker
 -- took spent no attempt, whatever the count. `take` as for claim_heads.
 WITH expired AS (
