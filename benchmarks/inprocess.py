@@ -16,6 +16,7 @@ import asyncio
 import time
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
 from benchmarks import pgbench
 from benchmarks.common import (
@@ -31,6 +32,7 @@ from benchmarks.common import (
 )
 from outbox import Abandoned, ActionAttempt, Done, Outbox
 from outbox import Result as ActionResult
+from outbox.connecting import CONNECTION_OPTIONS
 from outbox.executor import Outcome
 from outbox.rounds import run_until_idle
 from outbox.store import ClaimedAction
@@ -59,7 +61,17 @@ async def run_all(outbox: Outbox, n: int) -> tuple[float, int, list[float], dict
     """Seconds to run every due action, the rounds it took, each round's duration, and the
     attempts a statement of each group-committed sort carried on average."""
     rounds: list[float] = []
-    async with outbox.store() as store:
+    # Every connection of the pool open before the clock starts, as the peer's consumers connect
+    # before its clock: a pool that grows while rounds wait for connections times its growth.
+    pool = AsyncConnectionPool(
+        outbox.settings.require_database_url(),
+        min_size=outbox.settings.pool_size,
+        max_size=outbox.settings.pool_size,
+        kwargs={"autocommit": True, **CONNECTION_OPTIONS},
+        open=False,
+    )
+    await pool.open(wait=True)
+    async with pool, outbox.store(pool) as store:
         executor = outbox.executor(store)
 
         async def claim() -> tuple[float, tuple[float, list[ClaimedAction]]]:

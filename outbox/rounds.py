@@ -3,8 +3,8 @@
 A round (``Outbox.claim_and_run``) claims, then runs what it claimed: its statements come one
 after the other (the claim, then the fences, then the finishes), so a single loop leaves the
 database and the process waiting on each other most of the time. With ``concurrency`` loops, one
-claims while another fences and a third finishes; their fences and finishes join the same
-group-commit statements (``outbox.batching``).
+claims while others fence and finish; their fences and finishes join the same group-commit
+statements (``outbox.batching``). The claims take turns, one at a time.
 
 Idle, as for a single loop: a claim found nothing while no other round was claiming or running,
 and nothing was claimed or finished since it started (a finish may make a lane's next action
@@ -43,7 +43,8 @@ async def run_until_idle(
             seen = state.changes
             state.busy += 1
             try:
-                took = await claim()
+                async with state.claiming:
+                    took = await claim()
                 if claimed(took):
                     state.change()
                     done = await run(took)
@@ -78,6 +79,9 @@ class _Rounds:
         self.busy = 0
         self.changes = 0
         self.idle = False
+        #: One claim at a time: two claims at once would pick the same lane heads, and one of
+        #: them would skip what the other locked and come back with little or nothing.
+        self.claiming = asyncio.Lock()
         self._change = asyncio.Event()
 
     def change(self) -> None:
