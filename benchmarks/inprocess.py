@@ -1,11 +1,13 @@
-"""``inprocess``: N no-op actions run by the in-process executor (``Outbox.claim_and_run``, the
-loop ``outbox.testing.drain_async`` runs), no broker. Each attempt passes its fence
-(``begin_write``) and ends DONE with its epoch-fenced finish, exactly as a real adapter's would.
+"""``inprocess``: N no-op actions run by the in-process executor (``Outbox.run_until_idle``:
+``claim_and_run`` rounds, ``CONCURRENCY`` of them overlapping, as ``outbox.testing.drain`` runs
+them with its ``concurrency``), no broker. Each attempt passes its fence (``begin_write``) and
+ends DONE with its epoch-fenced finish, exactly as a real adapter's would.
 
 The actions are enqueued before the clock starts; the clock runs from the first claim until
 every action ended. ``ratio`` is actions/s over pgbench's transactions/s (one INSERT and one
 UPDATE a transaction) with as many clients as the executor's pool has connections, measured in
-the same run.
+the same run. Its peer, ``pgqueuer-inprocess``, drains with 5 concurrent consumers of a batch of
+100: the same as ``CONCURRENCY`` rounds of ``batch_size`` (100).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import time
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
 from benchmarks import pgbench
 from benchmarks.common import (
@@ -29,6 +32,10 @@ from benchmarks.common import (
 )
 from outbox import Abandoned, ActionAttempt, Done, Outbox
 from outbox import Result as ActionResult
+from outbox.connecting import CONNECTION_OPTIONS
+from outbox.executor import Outcome
+from outbox.rounds import run_until_idle
+from outbox.store import ClaimedAction
 
 
 class NoopAdapter:
@@ -45,22 +52,45 @@ class NoopAdapter:
         return Done(ref="noop")
 
 
+#: Rounds that overlap (``Outbox.run_until_idle``'s ``concurrency``): as many as the peer's
+#: consumers, within the pool's 10 connections.
+CONCURRENCY = 5
+
+
 async def run_all(outbox: Outbox, n: int) -> tuple[float, int, list[float], dict[str, float]]:
     """Seconds to run every due action, the rounds it took, each round's duration, and the
     attempts a statement of each group-committed sort carried on average."""
     rounds: list[float] = []
-    done = 0
-    async with outbox.store() as store:
+    # Every connection of the pool open before the clock starts, as the peer's consumers connect
+    # before its clock: a pool that grows while rounds wait for connections times its growth.
+    pool = AsyncConnectionPool(
+        outbox.settings.require_database_url(),
+        min_size=outbox.settings.pool_size,
+        max_size=outbox.settings.pool_size,
+        kwargs={"autocommit": True, **CONNECTION_OPTIONS},
+        open=False,
+    )
+    await pool.open(wait=True)
+    async with pool, outbox.store(pool) as store:
         executor = outbox.executor(store)
+
+        async def claim() -> tuple[float, tuple[float, list[ClaimedAction]]]:
+            return time.perf_counter(), await outbox._claim(executor, None, None)
+
+        async def run(claimed: tuple[float, tuple[float, list[ClaimedAction]]]) -> list[Outcome]:
+            outcomes = await outbox._run_claimed(executor, claimed[1])
+            rounds.append(time.perf_counter() - claimed[0])
+            return outcomes
+
+        outcomes: list[Outcome] = []
         started = time.perf_counter()
-        while done < n:
-            round_started = time.perf_counter()
-            outcomes = await outbox.claim_and_run(executor)
-            if not outcomes:
-                raise RuntimeError(f"nothing due after {done} of {n} actions")
-            done += sum(1 for o in outcomes if o.recorded)
-            rounds.append(time.perf_counter() - round_started)
+        await run_until_idle(
+            claim, run, outcomes.extend, CONCURRENCY, claimed=lambda c: bool(c[1][1])
+        )
         took = time.perf_counter() - started
+        done = sum(1 for o in outcomes if o.recorded)
+        if done != n:
+            raise RuntimeError(f"{done} of {n} actions ended")
         per_statement = {
             f"{w.name}_per_statement": round(w.calls / w.statements, 1)
             for w in store.group_writers
@@ -97,6 +127,7 @@ def run(scale: Scale) -> list[Result]:
                 "batch_size": outbox.settings.batch_size,
                 "pool_size": outbox.settings.pool_size,
                 "rounds": rounds,
+                "concurrency": CONCURRENCY,
                 "latency_is": "one claim_and_run round (claim, fences, finishes)",
                 "fence_p50_ms": ms(percentile(adapter.seconds, 50)),
                 "fence_p99_ms": ms(percentile(adapter.seconds, 99)),

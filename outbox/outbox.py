@@ -12,6 +12,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from outbox import enqueuing as _enqueue
+from outbox import rounds
 from outbox.action import Action
 from outbox.adapter import ActionAdapter
 from outbox.config import Settings
@@ -24,7 +25,7 @@ from outbox.metrics import MetricsObserver
 from outbox.migrate import MigrationReport, migrate
 from outbox.observers import ExecutorObserver, LogObserver
 from outbox.request import ActionRequest
-from outbox.store import Store
+from outbox.store import ClaimedAction, Store
 
 
 def default_observers() -> list[ExecutorObserver]:
@@ -164,6 +165,39 @@ class Outbox:
     ) -> list[Outcome]:
         """One round in-process: claim due actions of ``kinds`` (default: those with an adapter
         here) and run them all concurrently. Returns what each attempt came to."""
+        return await self._run_claimed(executor, await self._claim(executor, kinds, limit))
+
+    async def run_until_idle(
+        self,
+        executor: ActionExecutor,
+        kinds: Iterable[str] | None = None,
+        limit: int | None = None,
+        *,
+        concurrency: int = 1,
+    ) -> list[Outcome]:
+        """``claim_and_run`` rounds until a claim finds nothing while no other round claims or
+        runs; returns every attempt's outcome, in the order the rounds ended.
+
+        ``concurrency`` rounds overlap on the executor's pool: one claims while others fence
+        and finish, and their fences and finishes share group-commit statements
+        (``outbox.rounds``). Keep it below the pool's size (``pool_size``): each round holds a
+        connection while it claims, and each sort of group-commit statement up to two.
+        """
+        outcomes: list[Outcome] = []
+        await rounds.run_until_idle(
+            lambda: self._claim(executor, kinds, limit),
+            lambda claim: self._run_claimed(executor, claim),
+            outcomes.extend,
+            concurrency,
+            claimed=lambda claim: bool(claim[1]),
+        )
+        return outcomes
+
+    async def _claim(
+        self, executor: ActionExecutor, kinds: Iterable[str] | None, limit: int | None
+    ) -> tuple[float, list[ClaimedAction]]:
+        """Claims (and so takes) due actions of ``kinds``; with ``time.monotonic()`` from before
+        the claim, which the attempts' deadlines count from."""
         names = list(kinds) if kinds is not None else list(self.adapters)
         per_kind = limit or self.settings.batch_size
         kind_limits = self.kind_limits()
@@ -178,4 +212,11 @@ class Outbox:
         }
         claimed_at = time.monotonic()
         claimed = await executor.store.claim(bounds, self.settings.lease, key_caps=key_caps)
+        return claimed_at, claimed
+
+    @staticmethod
+    async def _run_claimed(
+        executor: ActionExecutor, claim: tuple[float, list[ClaimedAction]]
+    ) -> list[Outcome]:
+        claimed_at, claimed = claim
         return list(await asyncio.gather(*(executor.run(c, claimed_at) for c in claimed)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from outbox._io import Operation, Statement
@@ -14,7 +15,8 @@ from outbox.maintenance import Maintenance
 from outbox.outbox import Outbox
 from outbox.queries import queries_for
 from outbox.results import result_name
-from outbox.store import Store
+from outbox.rounds import run_until_idle
+from outbox.store import ClaimedAction, Store
 
 
 @dataclass
@@ -34,25 +36,28 @@ class DrainReport:
 
 
 async def drain_async(
-    outbox: Outbox, *, max_rounds: int = 1000, timeout: float = 60.0
+    outbox: Outbox, *, max_rounds: int = 1000, timeout: float = 60.0, concurrency: int = 1
 ) -> DrainReport:
     """Makes every waiting action due and runs the executor in-process until nothing is due.
 
     Retries and deferrals are made due again at once, so a test sees an action's whole life in
     one call. Raises ``DrainDidNotSettle`` when actions are still due after ``max_rounds``
-    rounds or ``timeout`` seconds (an adapter that defers forever, say).
+    rounds or ``timeout`` seconds (an adapter that defers forever, say). ``concurrency`` rounds
+    overlap (``Outbox.run_until_idle``); each runs housekeeping and makes waiting actions due
+    before its claim, and the report lists the rounds in the order they ended.
     """
     report = DrainReport()
     started = time.monotonic()
     async with outbox.store() as store:
         executor = outbox.executor(store)
         maintenance = Maintenance.for_drain(store, outbox.observers)
-        while True:
+
+        async def claim() -> tuple[float, list[ClaimedAction]]:
             await maintenance.run_due()
             await make_due(store)
-            outcomes = await outbox.claim_and_run(executor)
-            if not outcomes:
-                return report
+            return await outbox._claim(executor, None, None)
+
+        def ended(outcomes: Sequence[Outcome]) -> None:
             report.outcomes.extend(outcomes)
             report.rounds += 1
             if report.rounds >= max_rounds or time.monotonic() - started > timeout:
@@ -60,6 +65,15 @@ async def drain_async(
                     f"still running after {report.rounds} rounds and "
                     f"{time.monotonic() - started:.1f}s: {dict(report.count())}"
                 )
+
+        await run_until_idle(
+            claim,
+            lambda claim: outbox._run_claimed(executor, claim),
+            ended,
+            concurrency,
+            claimed=lambda claim: bool(claim[1]),
+        )
+        return report
 
 
 def make_due_operation(schema: str) -> Operation[None]:
@@ -72,6 +86,10 @@ async def make_due(store: Store) -> None:
     await store.run(make_due_operation(store.schema))
 
 
-def drain(outbox: Outbox, *, max_rounds: int = 1000, timeout: float = 60.0) -> DrainReport:
+def drain(
+    outbox: Outbox, *, max_rounds: int = 1000, timeout: float = 60.0, concurrency: int = 1
+) -> DrainReport:
     """The sync twin of ``drain_async`` (runs its own event loop)."""
-    return asyncio.run(drain_async(outbox, max_rounds=max_rounds, timeout=timeout))
+    return asyncio.run(
+        drain_async(outbox, max_rounds=max_rounds, timeout=timeout, concurrency=concurrency)
+    )

@@ -97,11 +97,10 @@ def _request(i: int) -> ActionRequest:
     return ActionRequest(kind="NOTE", workspace_id="w", lane_key=f"l{i}", idempotency_key=f"k{i}")
 
 
-@pytest.fixture
-def claimed(make_outbox, database_url, schema):
+def _claim_half(make_outbox, database_url, schema, *, analyze_first: bool):
     """Four times MAX_BATCH actions, half of them claimed by a claimer (not taken yet), beside
-    a history of ended ones, the table analyzed so (as in production) the planner knows how
-    many are executing."""
+    a history of ended ones; the table analyzed after the claims, or (``analyze_first``) before
+    them, when the planner's statistics still say that nothing is executing."""
     ob = make_outbox()
     ob.declare(NOTE)
     ob.migrate()
@@ -117,12 +116,28 @@ def claimed(make_outbox, database_url, schema):
         )
         conn.execute("SET session_replication_role = DEFAULT")
         enqueue_many(conn, [_request(i) for i in range(4 * MAX_BATCH)], schema=schema)
+        if analyze_first:
+            conn.execute(f'VACUUM ANALYZE "{schema}".agent_action')
         rows = []
         for _ in range(2):
             rows += run_sync(conn, claim_operation(schema, {"NOTE": MAX_BATCH}, LEASE, take=False))
-        conn.execute(f'VACUUM ANALYZE "{schema}".agent_action')
+        if not analyze_first:
+            conn.execute(f'VACUUM ANALYZE "{schema}".agent_action')
     assert len(rows) == 2 * MAX_BATCH
     return [(c.action.id, c.action.epoch, c.action.lease_until) for c in rows]
+
+
+@pytest.fixture
+def claimed(make_outbox, database_url, schema):
+    """Claims the planner knows of, as in production once the table was analyzed."""
+    return _claim_half(make_outbox, database_url, schema, analyze_first=False)
+
+
+@pytest.fixture
+def claimed_unseen(make_outbox, database_url, schema):
+    """Claims made after the last ANALYZE (a fresh table, or autovacuum not yet round): the
+    planner guesses a single executing action."""
+    return _claim_half(make_outbox, database_url, schema, analyze_first=True)
 
 
 def _batch_params(claimed: list[tuple[int, int, Any]]) -> dict[str, dict[str, Any]]:
@@ -165,18 +180,38 @@ def test_a_group_committed_statement_visits_a_batch_row_a_few_times(
     """At MAX_BATCH among as many executing actions again: a few rows a batch row."""
     params = _batch_params(claimed[:batch])[name]
     with psycopg.connect(database_url) as conn:
-        if name == "finish_many":
-            # Workers took every claim, and every other attempt passed its fence (its finish
-            # records the fence's time).
-            conn.execute(
-                f'UPDATE "{schema}".agent_action SET taken_epoch = epoch, attempt = attempt + 1,'
-                " write_started_at = CASE WHEN id % 2 = 0 THEN now() END"
-                " WHERE state = 'EXECUTING'"
-            )
-            conn.commit()
+        _ready_for(conn, schema, name)
         plan = generic_plan(conn, queries_for(schema)[name], params)
     assert plan["Actual Rows"] == batch, plan
     assert _visited(plan) <= PER_ROW * batch, json.dumps(plan, indent=1)
+
+
+def _ready_for(conn: psycopg.Connection[Any], schema: str, name: str) -> None:
+    if name == "finish_many":
+        # Workers took every claim, and every other attempt passed its fence (its finish
+        # records the fence's time).
+        conn.execute(
+            f'UPDATE "{schema}".agent_action SET taken_epoch = epoch, attempt = attempt + 1,'
+            " write_started_at = CASE WHEN id % 2 = 0 THEN now() END"
+            " WHERE state = 'EXECUTING'"
+        )
+        conn.commit()
+
+
+@pytest.mark.parametrize("name", ["take_attempts", "release_claims", "begin_writes", "finish_many"])
+def test_a_group_committed_statement_stays_linear_when_the_statistics_missed_the_claims(
+    claimed_unseen, database_url, schema, name
+):
+    """Statistics that say nothing executes make a scan of the executing rows look cheaper than
+    a primary-key probe; each batch row must still reach its action by a probe of its own (a
+    scan a batch row, or a nested loop over one, compares every pair)."""
+    params = _batch_params(claimed_unseen[:MAX_BATCH])[name]
+    with psycopg.connect(database_url) as conn:
+        _ready_for(conn, schema, name)
+        plan = generic_plan(conn, queries_for(schema)[name], params)
+    assert plan["Actual Rows"] == MAX_BATCH, plan
+    assert _visited(plan) <= PER_ROW * MAX_BATCH, json.dumps(plan, indent=1)
+    assert _action_probes(plan) >= MAX_BATCH, json.dumps(plan, indent=1)
 
 
 def test_a_take_finds_each_row_by_one_index_probe(claimed, database_url, schema):

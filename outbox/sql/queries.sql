@@ -407,13 +407,13 @@ SELECT id, kind, state, stop_reason FROM expired
 WITH target AS (
     SELECT a.ctid AS tid, a.epoch, a.lease_until AS claim_lease_until
       FROM {schema}.agent_action a
-     WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
+     WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND (a.state = 'EXECUTING') IS TRUE
        AND a.taken_epoch IS DISTINCT FROM a.epoch
 ), taken AS (
     UPDATE {schema}.agent_action a
        SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
       FROM target
-     WHERE a.ctid = target.tid AND a.epoch = target.epoch AND a.state = 'EXECUTING'
+     WHERE a.ctid = target.tid AND a.epoch = target.epoch AND (a.state = 'EXECUTING') IS TRUE
        AND a.taken_epoch IS DISTINCT FROM a.epoch
     RETURNING a.*, a.lease_until - now() AS lease_left, target.claim_lease_until
 ), history AS (
@@ -493,7 +493,7 @@ UPDATE {schema}.agent_action a
    SET state = 'ADMITTED', available_at = now(), lease_until = NULL
   FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
  WHERE a.id = m.id  -- a primary-key probe per row (see take_attempts)
-   AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+   AND a.epoch = m.epoch AND (a.state = 'EXECUTING') IS TRUE
    AND a.taken_epoch IS DISTINCT FROM a.epoch
    AND a.write_started_at IS NULL
 RETURNING a.id, a.epoch
@@ -513,7 +513,7 @@ LISTEN {channel}
 -- fence's time, and no history row is written here.
 WITH fenced AS (
     UPDATE {schema}.agent_action a SET write_started_at = now()
-     WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND a.state = 'EXECUTING'
+     WHERE a.id = %(id)s AND a.epoch = %(epoch)s AND (a.state = 'EXECUTING') IS TRUE
        AND a.lease_until - now() >= %(margin)s
     RETURNING a.id, a.epoch, a.attempt
 ), history AS (
@@ -535,19 +535,26 @@ SELECT id FROM fenced
 -- alone, so the plan probes the primary key once per batch row: an `a.id = ANY(ids)` scan
 -- beside it let the generic plan join the batch in a nested loop with a join filter, n x n
 -- comparisons (65,280 at 256 rows; tests/test_core_batch_plans.py counts the rows each batched
--- statement's generic plan visits). History rows as in take_attempt, and as there one probe a
--- row: the update follows `target`'s tuple id.
-WITH target AS (
-    SELECT a.ctid AS tid, a.epoch, a.lease_until AS claim_lease_until
+-- statement's generic plan visits). They test the state as `(a.state = 'EXECUTING') IS TRUE`
+-- (the same test, state being NOT NULL), which keeps the planner off the executing rows' partial
+-- indexes: statistics taken while little was executing make a scan of one look cheaper than a
+-- probe, and such a scan a batch row, or a nested loop over it, compares every pair.
+-- History rows as in take_attempt, and as there one probe a row: `target` is planned on its own
+-- (MATERIALIZED, each row by a probe of its own), and the update follows its tuple ids.
+WITH target AS MATERIALIZED (
+    SELECT a.tid, a.epoch, a.claim_lease_until
       FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
-      JOIN {schema}.agent_action a ON a.id = m.id
-     WHERE a.epoch = m.epoch AND a.state = 'EXECUTING'
-       AND a.taken_epoch IS DISTINCT FROM a.epoch
+     CROSS JOIN LATERAL (
+           SELECT a.ctid AS tid, a.epoch, a.lease_until AS claim_lease_until
+             FROM {schema}.agent_action a
+            WHERE a.id = m.id AND a.epoch = m.epoch AND (a.state = 'EXECUTING') IS TRUE
+              AND a.taken_epoch IS DISTINCT FROM a.epoch
+            LIMIT 1) a
 ), taken AS (
     UPDATE {schema}.agent_action a
        SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
       FROM target
-     WHERE a.ctid = target.tid AND a.epoch = target.epoch AND a.state = 'EXECUTING'
+     WHERE a.ctid = target.tid AND a.epoch = target.epoch AND (a.state = 'EXECUTING') IS TRUE
        AND a.taken_epoch IS DISTINCT FROM a.epoch
     RETURNING a.*, a.lease_until - now() AS lease_left, target.claim_lease_until
 ), history AS (
@@ -573,7 +580,8 @@ WITH fenced AS (
       FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[], %(margins)s::interval[],
                   %(refs)s::text[], %(claimed_ats)s::timestamptz[])
            AS m(id, epoch, margin, ref, claimed_at)
-     WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'  -- see take_attempts
+     -- A probe a row, as in take_attempts.
+     WHERE a.id = m.id AND a.epoch = m.epoch AND (a.state = 'EXECUTING') IS TRUE
        AND a.lease_until - now() >= m.margin
     RETURNING a.id, a.epoch, a.attempt, m.ref, m.claimed_at
 ), history AS (
@@ -625,7 +633,7 @@ UPDATE {schema}.agent_action a
                       %(fenced)s::boolean[])
                AS u(id, epoch, state, stop_reason, ref, retry_reason, after, gives_back,
                     error_class, claimed_at, fenced)) m
- WHERE a.id = m.id AND a.epoch = m.epoch AND a.state = 'EXECUTING'
+ WHERE a.id = m.id AND a.epoch = m.epoch AND (a.state = 'EXECUTING') IS TRUE  -- a probe a row
 -- This attempt's fence time: an end keeps write_started_at, a wait moved it to
 -- earlier_write_at (both only meaningful when this attempt passed its fence).
 RETURNING a.id, a.epoch, a.attempt + m.gives_back::int AS attempt, m.state, m.waits,

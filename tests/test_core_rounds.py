@@ -1,0 +1,139 @@
+"""Overlapping in-process rounds (``Outbox.run_until_idle``, ``drain(concurrency=...)``): every
+action runs once, lanes keep their order, rounds overlap, and idle means idle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+
+import psycopg
+import pytest
+
+from outbox import Abandoned, ActionAttempt, ActionKind, ActionRequest, Done, Retry, enqueue
+from outbox.testing import drain
+
+NOTE = ActionKind("NOTE")
+
+
+class LaneRecorder:
+    """Records each lane's attempts in the order they ran (after their fence)."""
+
+    def __init__(self) -> None:
+        self.by_lane: dict[str, list[int]] = defaultdict(list)
+
+    async def execute(self, attempt: ActionAttempt) -> Done | Abandoned:
+        if not await attempt.fence().begin_write():
+            return Abandoned()
+        self.by_lane[attempt.lane_key].append(attempt.id)
+        await asyncio.sleep(0)
+        return Done()
+
+
+class Gate:
+    """Holds each attempt until ``wanted`` attempts run at once (or a few seconds passed), and
+    counts the most that ran at once."""
+
+    def __init__(self, wanted: int) -> None:
+        self.wanted = wanted
+        self.running = 0
+        self.most = 0
+        self._reached: asyncio.Event | None = None
+
+    async def execute(self, attempt: ActionAttempt) -> Done | Abandoned:
+        if not await attempt.fence().begin_write():
+            return Abandoned()
+        if self._reached is None:
+            self._reached = asyncio.Event()
+        self.running += 1
+        self.most = max(self.most, self.running)
+        if self.most >= self.wanted:
+            self._reached.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._reached.wait(), 10)
+        self.running -= 1
+        return Done()
+
+
+class RetryOnce:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def execute(self, attempt: ActionAttempt) -> Done | Retry | Abandoned:
+        if not await attempt.fence().begin_write():
+            return Abandoned()
+        self.calls += 1
+        return Retry() if attempt.attempt == 1 else Done()
+
+
+def put(ob, database_url, lanes: int, per_lane: int) -> list[int]:
+    with psycopg.connect(database_url) as conn:
+        ids = [
+            enqueue(
+                conn,
+                ActionRequest(
+                    NOTE,
+                    workspace_id="w",
+                    lane_key=f"lane-{i % lanes}",
+                    idempotency_key=f"key-{i}",
+                ),
+                schema=ob.schema,
+            ).id
+            for i in range(lanes * per_lane)
+        ]
+        conn.commit()
+    return ids
+
+
+def build(make_outbox, adapter):
+    ob = make_outbox()
+    ob.register(NOTE, adapter)
+    ob.migrate()
+    return ob
+
+
+async def run(ob, **options):
+    async with ob.store() as store:
+        return await ob.run_until_idle(ob.executor(store), **options)
+
+
+def test_overlapping_rounds_run_every_action_once_and_each_lane_in_order(make_outbox, database_url):
+    adapter = LaneRecorder()
+    ob = build(make_outbox, adapter)
+    ids = put(ob, database_url, lanes=5, per_lane=4)
+
+    outcomes = asyncio.run(run(ob, limit=3, concurrency=3))
+
+    assert sorted(o.action_id for o in outcomes) == sorted(ids)
+    assert all(o.recorded for o in outcomes)
+    assert {lane: sorted(ran) for lane, ran in adapter.by_lane.items()} == adapter.by_lane
+    assert sum(len(ran) for ran in adapter.by_lane.values()) == len(ids)
+
+
+def test_rounds_overlap_up_to_the_concurrency(make_outbox, database_url):
+    """A round of one action each: three attempts run at once only if three rounds do."""
+    adapter = Gate(wanted=3)
+    ob = build(make_outbox, adapter)
+    put(ob, database_url, lanes=6, per_lane=1)
+
+    outcomes = asyncio.run(run(ob, limit=1, concurrency=3))
+
+    assert len(outcomes) == 6
+    assert adapter.most == 3
+
+
+def test_a_concurrent_drain_sees_a_retry_through(make_outbox, database_url):
+    adapter = RetryOnce()
+    ob = build(make_outbox, adapter)
+    put(ob, database_url, lanes=4, per_lane=1)
+
+    report = drain(ob, concurrency=3)
+
+    assert report.count() == {"retry": 4, "done": 4}
+    assert adapter.calls == 8
+
+
+def test_concurrency_must_be_positive(make_outbox):
+    ob = build(make_outbox, LaneRecorder())
+    with pytest.raises(ValueError, match="concurrency"):
+        asyncio.run(run(ob, concurrency=0))
