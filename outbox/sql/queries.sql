@@ -404,6 +404,11 @@ SELECT id, kind, state, stop_reason FROM expired
 -- the claim's time is its lease's start, read by the same probe that finds the row (`target`),
 -- before the update moves the lease; the update then reaches the row by its tuple id, and
 -- rechecks its conditions should a concurrent update have changed it since.
+-- The take commits without waiting for its WAL flush (the set_config, evaluated once when a row
+-- was taken: nothing to flush otherwise), as a claim round does: a
+-- take that a server crash loses was followed by no fence (the fence is the next statement, on
+-- the same server, and commits synchronously, flushing the take's WAL before it), so no write
+-- began; the action is reclaimed as unconsumed and no attempt was spent.
 WITH target AS (
     SELECT a.ctid AS tid, a.epoch, a.lease_until AS claim_lease_until
       FROM {schema}.agent_action a
@@ -432,7 +437,7 @@ WITH target AS (
        AND h.action_id = t.id AND h.epoch < t.epoch
        AND h.ended_at IS NULL AND h.fence_passed_at IS NULL
 )
-SELECT * FROM taken
+SELECT * FROM taken WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
 
 -- name: claim_lock
 -- Serialises the dispatch claimers' bounded claims (count in flight, then claim) for one schema,
@@ -540,7 +545,8 @@ SELECT id FROM fenced
 -- indexes: statistics taken while little was executing make a scan of one look cheaper than a
 -- probe, and such a scan a batch row, or a nested loop over it, compares every pair.
 -- History rows as in take_attempt, and as there one probe a row: `target` is planned on its own
--- (MATERIALIZED, each row by a probe of its own), and the update follows its tuple ids.
+-- (MATERIALIZED, each row by a probe of its own), and the update follows its tuple ids. It
+-- commits without waiting for its WAL flush, as take_attempt does.
 WITH target AS MATERIALIZED (
     SELECT a.tid, a.epoch, a.claim_lease_until
       FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS m(id, epoch)
@@ -570,7 +576,7 @@ WITH target AS MATERIALIZED (
        AND h.action_id = t.id AND h.epoch < t.epoch
        AND h.ended_at IS NULL AND h.fence_passed_at IS NULL
 )
-SELECT * FROM taken
+SELECT * FROM taken WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
 
 -- name: begin_writes
 -- begin_write for many attempts in one statement: each row keeps its own epoch and margin check
