@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, TypeVar, cast
 
 from psycopg import (
@@ -50,15 +51,25 @@ def returned_rows(cur: Any) -> bool:
     return result is not None and result.status == pq.ExecStatus.TUPLES_OK
 
 
-def as_sent(statement: Statement) -> tuple[str, list[Any] | None]:
+@cache
+def _numbered(sql: str) -> tuple[bytes | str, list[str]]:
+    """``numbered``, as bytes when ASCII (as every statement of ``queries.sql`` is): every
+    client encoding PostgreSQL speaks writes ASCII the same, and one bytes object, hashed once,
+    spares psycopg encoding the text and hashing it for its prepared-statement cache on every
+    call."""
+    text, names = numbered(sql)
+    return (text.encode("ascii") if text.isascii() else text), names
+
+
+def as_sent(statement: Statement) -> tuple[bytes | str, list[Any] | None]:
     """``statement`` as PostgreSQL's own ``$n`` placeholders and its values in their order.
 
-    Converted once a statement (``numbered`` caches): psycopg would otherwise parse the named
-    placeholders and reorder a dict of values on every call; a raw cursor sends the text as it
-    is. Without parameters the text is sent unconverted, as psycopg sends it (``%%`` stays)."""
+    Converted once a statement: psycopg would otherwise parse the named placeholders and
+    reorder a dict of values on every call; a raw cursor sends the text as it is. Without
+    parameters the text is sent unconverted, as psycopg sends it (``%%`` stays)."""
     if statement.params is None:
         return statement.sql, None
-    sql, names = numbered(statement.sql)
+    sql, names = _numbered(statement.sql)
     return sql, positional(names, statement.params)
 
 

@@ -253,7 +253,8 @@ def _sums(value: int, *, tuples: bool):
 
 def test_a_statement_is_sent_with_numbered_placeholders_and_its_values_in_order():
     statement = Statement("SELECT %(b)s, %(a)s, %(b)s, 7 %% 4", {"a": 1, "b": 2})
-    assert as_sent(statement) == ("SELECT $1, $2, $1, 7 % 4", [2, 1])
+    assert as_sent(statement) == (b"SELECT $1, $2, $1, 7 % 4", [2, 1])
+    assert as_sent(Statement("SELECT %(a)s, 'é'", {"a": 1})) == ("SELECT $1, 'é'", [1])
     # Without values psycopg sends the text as it is, and so does the raw cursor.
     assert as_sent(Statement("SELECT 7 %% 4")) == ("SELECT 7 %% 4", None)
 
