@@ -1,27 +1,44 @@
 """Sync and async twins from one core.
 
 Each database operation is written once, as a generator that yields ``Statement``s and receives
-their rows (dicts); ``run_sync`` and ``run_async`` drive it on a psycopg ``Connection`` or
-``AsyncConnection``. The operation never sees which one it runs on.
+their rows (dicts, or tuples where the statement asks); ``run_sync`` and ``run_async`` drive it
+on a psycopg ``Connection`` or ``AsyncConnection``. The operation never sees which one it runs on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, TypeVar, cast
 
-from psycopg import AsyncConnection, Connection, pq
-from psycopg.rows import dict_row
+from psycopg import (
+    AsyncConnection,
+    AsyncCursor,
+    AsyncRawCursor,
+    Connection,
+    Cursor,
+    RawCursor,
+    pq,
+)
+from psycopg.rows import dict_row, tuple_row
+
+from outbox.placeholders import numbered, positional
 
 T = TypeVar("T")
-Rows = list[dict[str, Any]]
+#: A statement's rows: dicts by column name, or tuples in column order (``Statement.tuples``).
+Rows = list[Any]
 
 
 @dataclass(frozen=True, slots=True)
 class Statement:
+    """``tuples``: the rows come back as tuples in the statement's column order, not dicts (a
+    dict a row, and its names read from the result, cost a statement run a million times a
+    few microseconds: the single enqueue)."""
+
     sql: str
     params: Mapping[str, Any] | None = None
+    tuples: bool = False
 
 
 Operation = Generator[Statement, Rows, T]
@@ -34,17 +51,53 @@ def returned_rows(cur: Any) -> bool:
     return result is not None and result.status == pq.ExecStatus.TUPLES_OK
 
 
+@cache
+def _numbered(sql: str) -> tuple[bytes | str, list[str]]:
+    """``numbered``, as bytes when ASCII (as every statement of ``queries.sql`` is): every
+    client encoding PostgreSQL speaks writes ASCII the same, and one bytes object, hashed once,
+    spares psycopg encoding the text and hashing it for its prepared-statement cache on every
+    call."""
+    text, names = numbered(sql)
+    return (text.encode("ascii") if text.isascii() else text), names
+
+
+def as_sent(statement: Statement) -> tuple[bytes | str, list[Any] | None]:
+    """``statement`` as PostgreSQL's own ``$n`` placeholders and its values in their order.
+
+    Converted once a statement: psycopg would otherwise parse the named placeholders and
+    reorder a dict of values on every call; a raw cursor sends the text as it is. Without
+    parameters the text is sent unconverted, as psycopg sends it (``%%`` stays)."""
+    if statement.params is None:
+        return statement.sql, None
+    sql, names = _numbered(statement.sql)
+    return sql, positional(names, statement.params)
+
+
+def _row_factory(statement: Statement) -> Any:
+    return tuple_row if statement.tuples else dict_row
+
+
 def run_sync(
     conn: Connection[Any], op: Operation[T], prepare: Callable[[Any], None] | None = None
 ) -> T:
-    """Runs ``op`` on ``conn``; ``prepare``, if given, sets up the cursor first (its loaders)."""
-    with conn.cursor(row_factory=dict_row) as cur:
+    """Runs ``op`` on ``conn``; ``prepare``, if given, sets up the cursor first (its loaders).
+
+    On a connection that makes psycopg's default cursors (server-side binding) the statements
+    go through a raw cursor, converted once (``as_sent``); a connection given another cursor
+    class (``ClientCursor``, as Django's makes by default, or the application's own) gets the
+    statements on that class, as written: how values are bound stays the caller's choice."""
+    raw = conn.cursor_factory is Cursor
+    with RawCursor(conn, row_factory=dict_row) if raw else conn.cursor(row_factory=dict_row) as cur:
         if prepare is not None:
             prepare(cur)
         try:
             statement = next(op)
             while True:
-                cur.execute(statement.sql, statement.params)
+                cur.row_factory = _row_factory(statement)
+                if raw:
+                    cur.execute(*as_sent(statement))
+                else:
+                    cur.execute(statement.sql, statement.params)
                 rows = cur.fetchall() if returned_rows(cur) else []
                 statement = op.send(rows)
         except StopIteration as done:
@@ -58,18 +111,26 @@ async def run_async(
     *,
     started: Rows | None = None,
 ) -> T:
-    """Runs ``op`` on ``conn``; ``prepare``, if given, sets up the cursor first (its loaders).
+    """Runs ``op`` on ``conn`` as ``run_sync`` does; ``prepare``, if given, sets up the cursor
+    first (its loaders).
 
     ``started``: ``op`` already yielded its first statement and these are its rows (the caller
     ran it, e.g. in one round trip with statements of its own).
     """
-    async with conn.cursor(row_factory=dict_row) as cur:
+    raw = conn.cursor_factory is AsyncCursor
+    async with (
+        AsyncRawCursor(conn, row_factory=dict_row) if raw else conn.cursor(row_factory=dict_row)
+    ) as cur:
         if prepare is not None:
             prepare(cur)
         try:
             statement = next(op) if started is None else op.send(started)
             while True:
-                await cur.execute(statement.sql, statement.params)
+                cur.row_factory = _row_factory(statement)
+                if raw:
+                    await cur.execute(*as_sent(statement))
+                else:
+                    await cur.execute(statement.sql, statement.params)
                 rows = await cur.fetchall() if returned_rows(cur) else []
                 statement = op.send(rows)
         except StopIteration as done:

@@ -167,10 +167,10 @@ def enqueue_operation(
     text, payload = request.checked(max_payload_bytes_or_default(max_payload_bytes))
     q = queries_for(schema)
     params = _params(request, text)
-    rows = yield Statement(q["enqueue"], params)
+    rows = yield Statement(q["enqueue"], params, tuples=True)
     if rows:
-        row = rows[0]
-        return _created(request, payload, row["id"], row["available_at"], row["created_at"])
+        id_, available_at, created_at = rows[0]
+        return _created(request, payload, id_, available_at, created_at)
     # Nothing inserted: either the key exists (a racing insert has committed by now, since
     # ON CONFLICT waited for it), or the request was refused by the kind table or the clock.
     rows = yield Statement(q["action_by_idempotency_key"], params)

@@ -23,6 +23,7 @@ from outbox import (
     get_action,
     refuse,
 )
+from outbox._io import Statement, as_sent, run_async, run_sync
 from tests.support import rows
 
 NOTE = ActionKind("NOTE")
@@ -240,3 +241,51 @@ def test_proposal_waits_and_admit_or_refuse_decides(outbox, conn, schema):
         admit(conn, refused.id, schema=schema)
     with pytest.raises(IllegalTransition):
         refuse(conn, admitted.id, schema=schema)
+
+
+def _sums(value: int, *, tuples: bool):
+    """A statement with a name used twice and a literal ``%``, run once."""
+    rows = yield Statement(
+        "SELECT %(a)s::int + %(a)s::int AS twice, 7 %% 4 AS rest", {"a": value}, tuples=tuples
+    )
+    return rows
+
+
+def test_a_statement_is_sent_with_numbered_placeholders_and_its_values_in_order():
+    statement = Statement("SELECT %(b)s, %(a)s, %(b)s, 7 %% 4", {"a": 1, "b": 2})
+    assert as_sent(statement) == (b"SELECT $1, $2, $1, 7 % 4", [2, 1])
+    assert as_sent(Statement("SELECT %(a)s, 'é'", {"a": 1})) == ("SELECT $1, 'é'", [1])
+    # Without values psycopg sends the text as it is, and so does the raw cursor.
+    assert as_sent(Statement("SELECT 7 %% 4")) == ("SELECT 7 %% 4", None)
+
+
+async def test_rows_come_back_as_dicts_or_as_tuples_where_the_statement_asks(database_url):
+    with psycopg.connect(database_url) as conn:
+        assert run_sync(conn, _sums(2, tuples=False)) == [{"twice": 4, "rest": 3}]
+        assert run_sync(conn, _sums(2, tuples=True)) == [(4, 3)]
+    async with await psycopg.AsyncConnection.connect(database_url) as aconn:
+        assert await run_async(aconn, _sums(3, tuples=False)) == [{"twice": 6, "rest": 3}]
+        assert await run_async(aconn, _sums(3, tuples=True)) == [(6, 3)]
+
+
+@pytest.mark.parametrize("factory", [psycopg.ClientCursor, psycopg.Cursor])
+def test_a_connection_given_its_own_cursor_class_runs_the_enqueue_on_it(
+    outbox, database_url, schema, factory
+):
+    """Client-side binding (Django's default) stays the caller's choice: the enqueue runs on
+    the connection's cursor class, not on a raw cursor of its own."""
+    sent: list[str] = []
+
+    class Seeing(factory):  # type: ignore[misc, valid-type]
+        def execute(self, query, params=None, **kwargs):
+            sent.append(str(query))
+            return super().execute(query, params, **kwargs)
+
+    with psycopg.connect(database_url, cursor_factory=Seeing) as conn:
+        first = enqueue(conn, request("own-cursor"), schema=schema)
+        again = enqueue(conn, request("own-cursor"), schema=schema)
+        conn.commit()
+        # The insert; then the insert again and the read of the key.
+        assert len(sent) == 3 and "%(idempotency_key)s" in sent[0]
+        assert first.created and again.id == first.id and not again.created
+        assert len(rows(conn, schema)) == 1

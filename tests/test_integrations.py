@@ -30,7 +30,7 @@ from outbox import (
     refuse,
     refuse_async,
 )
-from outbox.connectors.placeholders import numbered
+from outbox.placeholders import numbered
 from outbox.queries import queries_for
 from outbox.testing import drain
 from tests.support import rows

@@ -6,7 +6,7 @@ One module a driver or framework:
 
 - ``on_psycopg``: psycopg 3 ``Connection`` / ``AsyncConnection`` (the native driver);
 - ``on_psycopg2``: psycopg2 connections (the same placeholders; JSON wrapped for psycopg2);
-- ``on_asyncpg``: asyncpg connections (numbered ``$n`` placeholders, from ``placeholders``);
+- ``on_asyncpg``: asyncpg connections (numbered ``$n`` placeholders, from ``outbox.placeholders``);
 - ``on_sqlalchemy``: SQLAlchemy sessions and connections, sync and asyncio, on any of these;
 - ``on_django``: Django's connection inside ``transaction.atomic()`` (psycopg 3 or psycopg2).
 

@@ -17,8 +17,8 @@ from psycopg.types.json import Jsonb
 
 from outbox._io import Operation
 from outbox.connectors.on_psycopg2 import json_text
-from outbox.connectors.placeholders import numbered, positional
 from outbox.errors import UnusableConnection
+from outbox.placeholders import numbered, positional
 
 T = TypeVar("T")
 
@@ -83,7 +83,7 @@ async def run(conn: Any, op: Operation[T], caller: str, *, json_decoded: bool = 
                 for column in decode:
                     if isinstance(row[column], str):
                         row[column] = json.loads(row[column])
-                rows.append(row)
+                rows.append(tuple(row.values()) if statement.tuples else row)
             statement = op.send(rows)
     except StopIteration as done:
         return cast(T, done.value)

@@ -56,7 +56,12 @@ def run(conn: Any, op: Operation[T], caller: str) -> T:
             statement = next(op)
             while True:
                 cur.execute(statement.sql, _params(statement.params))
-                rows = [dict(row) for row in cur.fetchall()] if cur.description else []
+                fetched = cur.fetchall() if cur.description else []
+                rows: list[Any]
+                if statement.tuples:
+                    rows = [tuple(row.values()) for row in fetched]
+                else:
+                    rows = [dict(row) for row in fetched]
                 statement = op.send(rows)
         except StopIteration as done:
             return cast(T, done.value)

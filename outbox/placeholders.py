@@ -1,6 +1,7 @@
 """Named ``%(name)s`` placeholders (psycopg's and psycopg2's pyformat, in which ``queries.sql``
-is written) as the numbered ``$1`` placeholders of drivers that speak PostgreSQL's own protocol
-placeholders (asyncpg).
+is written) as PostgreSQL's own numbered ``$1`` placeholders: what asyncpg speaks, and what a
+psycopg raw cursor sends as it is (``outbox._io``), so that psycopg does not parse the named ones
+on every call.
 
 The one place the conversion happens: a name used twice gets one number, ``%%`` becomes ``%``
 (as psycopg reads it when parameters are given), and nothing else of the text changes.
