@@ -460,15 +460,10 @@ BEGIN
 -- same next epoch, and a message pushed for the lost claim is one more delivery of that epoch,
 -- which the take admits once), and anything a worker commits about the claim (its take, a
 -- synchronous commit) flushes the WAL up to and past it.
--- The round's statements run on generic plans (plan_cache_mode): the lane trigger's queries a
--- claim fires were planned afresh at every call (custom plans over transition tables, about
--- 0.8 ms of a one-action claim's 0.9), and the claim's own statements settle on generic plans
--- after psycopg prepares them anyway.
 SELECT set_config('lock_timeout', %(lock_timeout)s, true),
        set_config('statement_timeout', %(statement_timeout)s, true),
        set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, true),
        set_config('synchronous_commit', 'off', true),
-       set_config('plan_cache_mode', 'force_generic_plan', true),
        pg_advisory_xact_lock(2830, hashtext(%(schema)s)) IS NULL AS locked
 
 -- name: claim_round_state
