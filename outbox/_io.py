@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 from typing import Any, TypeVar, cast
 
 from psycopg import (
@@ -51,7 +51,12 @@ def returned_rows(cur: Any) -> bool:
     return result is not None and result.status == pq.ExecStatus.TUPLES_OK
 
 
-@cache
+#: Statements kept converted: every statement of ``queries.sql`` for a few schemas, bounded so
+#: that statements built at run time could never grow the cache without end.
+_CONVERTED = 4096
+
+
+@lru_cache(maxsize=_CONVERTED)
 def _numbered(sql: str) -> tuple[bytes | str, list[str]]:
     """``numbered``, as bytes when ASCII (as every statement of ``queries.sql`` is): every
     client encoding PostgreSQL speaks writes ASCII the same, and one bytes object, hashed once,
