@@ -136,6 +136,10 @@ def _records(watch: psycopg.Connection[Any], schema: str) -> list[lanes.Record]:
     ]
 
 
+#: How far a job's start event may read before its predecessor's end (see _lanes_once).
+PEER_CLOCK_SLACK = 0.005
+
+
 def _lanes_once(name: str, n: int, lane_count: int) -> Result:
     with bench_schema(f"procrastinate_{name}") as schema, rig(schema) as r:
         asyncio.run(_install(schema))
@@ -149,7 +153,10 @@ def _lanes_once(name: str, n: int, lane_count: int) -> Result:
                 lambda: _ended(watch, schema) >= n, 900, "procrastinate jobs not ended", 0.02
             )
             records = _records(watch, schema)
-    lanes.check(records, n, f"procrastinate-{name}")
+    # procrastinate's event times are their transactions' start (now()), not their commits: a
+    # fetch that began just before its predecessor's finish committed reads a few ms "before"
+    # that end (seen: 1.6 ms), which is not an overlap of the lock.
+    lanes.check(records, n, f"procrastinate-{name}", slack=PEER_CLOCK_SLACK)
     in_system = [r.end - r.created for r in records]
     return Result(
         scenario=f"procrastinate-{name}",
