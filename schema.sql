@@ -247,15 +247,27 @@ DECLARE
     idle text[];
     locked integer;
 BEGIN
-    -- One plain query first: a fence's or a take's statement (nothing moved) ends here.
-    SELECT array_agg(DISTINCT n.lane_key ORDER BY n.lane_key)
-               FILTER (WHERE n.state = 'EXECUTING' OR o.state = 'EXECUTING'),
-           array_agg(n.lane_key) FILTER (WHERE n.state <> 'EXECUTING' AND o.state <> 'EXECUTING')
+    -- One plain query first: a fence's or a take's statement (nothing moved) ends here. Each
+    -- row's old and new version are paired by grouping both tables on the id, not by a join:
+    -- see the header.
+    SELECT array_agg(DISTINCT m.lane_key ORDER BY m.lane_key)
+               FILTER (WHERE m.new_state = 'EXECUTING' OR m.old_state = 'EXECUTING'),
+           array_agg(m.lane_key)
+               FILTER (WHERE m.new_state <> 'EXECUTING' AND m.old_state <> 'EXECUTING')
       INTO keys, waiting
-      FROM new_actions n
-      JOIN old_actions o ON o.id = n.id
-     WHERE n.state IS DISTINCT FROM o.state
-        OR (n.state = 'ADMITTED' AND n.available_at IS DISTINCT FROM o.available_at);
+      FROM (SELECT max(v.lane_key) FILTER (WHERE v.new) AS lane_key,
+                   max(v.state) FILTER (WHERE v.new) AS new_state,
+                   max(v.state) FILTER (WHERE NOT v.new) AS old_state,
+                   max(v.available_at) FILTER (WHERE v.new) AS new_due,
+                   max(v.available_at) FILTER (WHERE NOT v.new) AS old_due
+              FROM (SELECT n.id, n.lane_key, n.state, n.available_at, true AS new
+                      FROM new_actions n
+                    UNION ALL
+                    SELECT o.id, o.lane_key, o.state, o.available_at, false
+                      FROM old_actions o) v
+             GROUP BY v.id) m
+     WHERE m.new_state IS DISTINCT FROM m.old_state
+        OR (m.new_state = 'ADMITTED' AND m.new_due IS DISTINCT FROM m.old_due);
     IF waiting IS NOT NULL THEN
         INSERT INTO agent_action_lane_intake (lane_key) SELECT unnest(waiting);
     END IF;

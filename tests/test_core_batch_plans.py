@@ -258,3 +258,54 @@ def test_the_count_sees_a_join_filter_over_the_batch(claimed, database_url, sche
         plan = generic_plan(conn, sql, _batch_params(claimed[:MAX_BATCH])["release_claims"])
     assert plan["Actual Rows"] == MAX_BATCH
     assert _visited(plan) > 100 * MAX_BATCH, json.dumps(plan, indent=1)
+
+
+def _trigger_plans(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+    """Logs the plans of every statement the session runs, nested ones (triggers) included,
+    with what they visited (auto_explain, which needs a superuser); returns the list they are
+    appended to."""
+    plans: list[dict[str, Any]] = []
+
+    def keep(notice: psycopg.errors.Diagnostic) -> None:
+        text = notice.message_primary or ""
+        if "plan:" in text:
+            plans.append(json.loads(text.split("plan:", 1)[1]))
+
+    conn.add_notice_handler(keep)
+    conn.execute("LOAD 'auto_explain'")
+    for setting in (
+        "auto_explain.log_min_duration = 0",
+        "auto_explain.log_analyze = on",
+        "auto_explain.log_nested_statements = on",
+        "auto_explain.log_format = json",
+        "client_min_messages = log",
+    ):
+        conn.execute(f"SET {setting}")
+    return plans
+
+
+def test_the_lane_tracker_stays_linear_after_a_small_first_statement(
+    make_outbox, database_url, schema
+):
+    """plpgsql plans a query without parameters once a session, for the size of the transition
+    tables at its first call: the lane tracker's first query, planned for a claim of one action,
+    must still visit a later claim's MAX_BATCH rows a few times each (a join of the two
+    transition tables planned for one row compares every pair)."""
+    ob = make_outbox()
+    ob.declare(NOTE)
+    ob.migrate()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        enqueue_many(conn, [_request(i) for i in range(MAX_BATCH + 1)], schema=schema)
+        plans = _trigger_plans(conn)
+        for limit in (1, MAX_BATCH):
+            with conn.transaction():
+                claimed = run_sync(
+                    conn, claim_operation(schema, {"NOTE": limit}, LEASE, take=False)
+                )
+            assert len(claimed) == limit
+    tracked = [p for p in plans if "old_actions" in p["Query Text"]]
+    assert len(tracked) == 2, [p["Query Text"] for p in plans]
+    batch_plan = tracked[-1]["Plan"]
+    assert _visited(batch_plan) <= PER_ROW * MAX_BATCH + PER_STATEMENT, json.dumps(
+        batch_plan, indent=1
+    )
