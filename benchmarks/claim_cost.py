@@ -13,9 +13,12 @@ does not drift with the machine's load).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -102,25 +105,57 @@ def fill(schema: str, *, singles: int, hot: int = 0, ended: int = 0, workspaces:
         conn.execute("CHECKPOINT")
 
 
-def time_claims(schema: str, runs: int, key_cap: int | None = None) -> tuple[list[float], int, int]:
-    """Seconds of ``runs`` rolled-back claims (after one warm-up), the rows each claimed, and
-    the buffers one ``claim_heads`` plan touched. ``key_cap``: a per-key concurrency cap on."""
-    seconds: list[float] = []
-    claimed = 0
-    caps = {NOOP.name: key_cap} if key_cap else None
-    with psycopg.connect(DATABASE_URL) as conn:
-        for i in range(runs + 1):
-            with conn.transaction(force_rollback=True):
-                started = time.perf_counter()
-                op = claim_operation(schema, {NOOP.name: BATCH}, LEASE, take=False, key_caps=caps)
-                rows = run_sync(conn, op)
-                took = time.perf_counter() - started
-            if i:  # the first run warms the caches and the plan
-                seconds.append(took)
-            claimed = len(rows)
-        with conn.transaction(force_rollback=True):
-            (plan,) = conn.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries_for(schema)["claim_heads"],
+def _server_cpu(conn: psycopg.Connection[Any]) -> Callable[[], float] | None:
+    """A clock of the CPU time ``conn``'s server process has used (seconds), when the server
+    runs on this machine (Linux's schedstat); None otherwise."""
+    (pid,) = conn.execute("SELECT pg_backend_pid()").fetchone() or (0,)
+    path = Path(f"/proc/{pid}/schedstat")
+
+    def used() -> float:
+        return int(path.read_text().split()[0]) / 1e9
+
+    try:
+        used()
+    except OSError:
+        return None
+    return used
+
+
+class Case:
+    """One loaded case: its connection, and each timed claim's seconds and server CPU."""
+
+    def __init__(self, schema: str, key_cap: int | None) -> None:
+        self.schema = schema
+        self.caps = {NOOP.name: key_cap} if key_cap else None
+        self.key_cap = key_cap
+        self.conn = psycopg.connect(DATABASE_URL)
+        self.cpu = _server_cpu(self.conn)
+        self.seconds: list[float] = []
+        self.cpu_seconds: list[float] = []
+        self.claimed = 0
+
+    def claim(self, timed: bool) -> None:
+        """One claim of a batch, rolled back (so every run claims the same heads)."""
+        cpu_before = self.cpu() if self.cpu else 0.0
+        with self.conn.transaction(force_rollback=True):
+            started = time.perf_counter()
+            op = claim_operation(
+                self.schema, {NOOP.name: BATCH}, LEASE, take=False, key_caps=self.caps
+            )
+            rows = run_sync(self.conn, op)
+            took = time.perf_counter() - started
+        if timed:
+            self.seconds.append(took)
+            if self.cpu:
+                self.cpu_seconds.append(self.cpu() - cpu_before)
+        self.claimed = len(rows)
+
+    def buffers(self) -> int:
+        """The buffers one ``claim_heads`` plan touched."""
+        with self.conn.transaction(force_rollback=True):
+            row = self.conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+                + queries_for(self.schema)["claim_heads"],
                 {
                     "kind": NOOP.name,
                     "limit": BATCH,
@@ -132,11 +167,13 @@ def time_claims(schema: str, runs: int, key_cap: int | None = None) -> tuple[lis
                     "after": "",
                     "walk": FAIR_KEYS_PER_CLAIM,
                     "per_key": None,
-                    "key_cap": key_cap,
+                    "key_cap": self.key_cap,
                 },
             ).fetchone()
-    top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
-    return seconds, claimed, top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+        assert row is not None
+        plan = row[0]
+        top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+        return int(top["Shared Hit Blocks"] + top["Shared Read Blocks"])
 
 
 CASES = (
@@ -160,38 +197,57 @@ CASES = (
 
 
 def run(scale: Scale) -> list[Result]:
-    runs = scale.n(15, 101, floor=3)
-    results: list[Result] = []
-    base: float | None = None
-    for name, what, sizes in CASES:
-        sized = {k: scale.n(v, v, floor=min(v, 200)) for k, v in sizes.items()}
-        if "workspaces" in sizes:
-            sized["workspaces"] = sizes["workspaces"]
-        with bench_schema(name) as schema:
+    """Loads every case (each in a schema of its own), then times their claims in turns (a, b,
+    c, d, a, b, ...): a pause of the machine lands on every case alike, not on one case's
+    whole sample, so the ratios hold on a noisy machine."""
+    runs = scale.n(41, 101, floor=3)
+    with contextlib.ExitStack() as stack:
+        cases: list[tuple[str, str, dict[str, int], float, Case]] = []
+        for name, what, sizes in CASES:
+            sized = {k: scale.n(v, v, floor=min(v, 200)) for k, v in sizes.items()}
+            if "workspaces" in sizes:
+                sized["workspaces"] = sizes["workspaces"]
+            schema = stack.enter_context(bench_schema(name))
             migrated_outbox(schema)
             loaded = time.perf_counter()
             fill(schema, **sized)
             load_s = time.perf_counter() - loaded
-            key_cap = 10 if "workspaces" in sizes else None
-            seconds, claimed, buffers = time_claims(schema, runs, key_cap)
-        p50 = median(seconds)
-        base = p50 if base is None else base
-        results.append(
-            Result(
-                scenario=name,
-                n=claimed,
-                actions_per_s=round(claimed / p50, 1) if p50 else None,
-                p50_ms=ms(p50),
-                p99_ms=ms(percentile(seconds, 99)),
-                ratio=round(p50 / base, 3),
-                ratio_to="claim-cost-a",
-                extra={
-                    "case": what,
-                    "sizes": sized,
-                    "runs": runs,
-                    "claim_heads_buffers": buffers,
-                    "load_s": round(load_s, 1),
-                },
+            case = Case(schema, 10 if "workspaces" in sizes else None)
+            stack.callback(case.conn.close)
+            cases.append((name, what, sized, load_s, case))
+        for _, _, _, _, case in cases:
+            case.claim(timed=False)  # warms the caches and the plan
+        for _ in range(runs):
+            for _, _, _, _, case in cases:
+                case.claim(timed=True)
+        results: list[Result] = []
+        base_p50 = median(cases[0][4].seconds)
+        base_cpu = median(cases[0][4].cpu_seconds) if cases[0][4].cpu_seconds else None
+        for name, what, sized, load_s, case in cases:
+            p50 = median(case.seconds)
+            cpu = median(case.cpu_seconds) if case.cpu_seconds else None
+            results.append(
+                Result(
+                    scenario=name,
+                    n=case.claimed,
+                    actions_per_s=round(case.claimed / p50, 1) if p50 else None,
+                    p50_ms=ms(p50),
+                    p99_ms=ms(percentile(case.seconds, 99)),
+                    ratio=round(p50 / base_p50, 3),
+                    ratio_to="claim-cost-a",
+                    extra={
+                        "case": what,
+                        "sizes": sized,
+                        "runs": runs,
+                        "claim_heads_buffers": case.buffers(),
+                        # The server's CPU for one claim, median: the load of the machine
+                        # hardly moves it (None when the server runs elsewhere).
+                        "server_cpu_ms": ms(cpu) if cpu is not None else None,
+                        "server_cpu_ratio": round(cpu / base_cpu, 3)
+                        if cpu is not None and base_cpu
+                        else None,
+                        "load_s": round(load_s, 1),
+                    },
+                )
             )
-        )
     return results
