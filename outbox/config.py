@@ -59,6 +59,11 @@ class Settings:
     #: Dramatiq's own cost a message (consume, decode, ack) is paid once for several actions.
     #: 1 = one message an action.
     actions_per_message: int = 8
+    #: A worker that ends a lane's action runs the lane's next one itself, claimed in the same
+    #: statement as the end, when it is due and of the same kind and limit key (a swap: no
+    #: bound of the claimer's moves), up to this many in a row from one message; past that,
+    #: the claimer hands the lane on. 0 = every action goes through the claimer.
+    hand_off: int = 10
     #: Retry backoff: base * 2^(attempt-1), capped, with jitter, unless the adapter gives a wait.
     retry_base: timedelta = timedelta(seconds=5)
     retry_cap: timedelta = timedelta(hours=1)
@@ -155,8 +160,9 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{env_name(name)}: must be >= 1")
-        if self.confirm_threshold < 0:
-            raise ConfigurationError(f"{env_name('confirm_threshold')}: must be >= 0")
+        for name in ("confirm_threshold", "hand_off"):
+            if getattr(self, name) < 0:
+                raise ConfigurationError(f"{env_name(name)}: must be >= 0")
         for name in ("metrics_port", "health_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ConfigurationError(f"{env_name(name)}: must be a port, 0 to 65535")

@@ -62,6 +62,11 @@ class Outcome:
     recorded: bool
     state: ActionState | None
     reason: str | None = None
+    #: The lane's next action, claimed and taken by this attempt's finish (the lane hand-off,
+    #: ``ActionExecutor.run``'s ``hand_off``), for the caller to run next; and
+    #: ``time.monotonic()`` taken before that finish (its ``claimed_at``).
+    next: ClaimedAction | None = None
+    next_claimed_at: float = 0.0
 
     @property
     def token(self) -> FenceToken:
@@ -95,9 +100,13 @@ class ActionExecutor:
         #: The shared slots of the rate-limited kinds (``outbox.rate_limiter``).
         self.limiter = RateLimiter(store, kind_limits or {})
 
-    async def run(self, claimed: ClaimedAction, claimed_at: float) -> Outcome:
+    async def run(
+        self, claimed: ClaimedAction, claimed_at: float, *, hand_off: timedelta | None = None
+    ) -> Outcome:
         """Runs one attempt. ``claimed_at`` is ``time.monotonic()`` taken before the statement
-        that claimed or loaded it, so the local deadline never outlives the database lease."""
+        that claimed or loaded it, so the local deadline never outlives the database lease.
+        With ``hand_off`` (a lease), an end of the attempt also claims and takes the lane's
+        next action when it may (``Store.finish_and_hand_off``): ``Outcome.next``."""
         action = claimed.action
         deadline = claimed_at + claimed.lease_left.total_seconds()
         adapter = self.adapters.get(action.kind)
@@ -108,19 +117,21 @@ class ActionExecutor:
                 action.id,
                 extra={"event": "no_adapter", "action_id": action.id, "kind": action.kind},
             )
-            return await self._finish(action, Defer(NO_ADAPTER_DEFER, "NO_ADAPTER"))
+            return await self._finish(action, Defer(NO_ADAPTER_DEFER, "NO_ADAPTER"), hand_off)
         attempt = ActionAttempt(
             action, self.store, self.settings.write_margin, deadline, self._claimed_at(action)
         )
         waited = await self._wait_for_slot(attempt)
         if waited is not None:
-            return await self._finish(action, waited)
+            return await self._finish(action, waited, hand_off)
         result = await self._execute(adapter, attempt)
         if isinstance(result, Defer):
             # A provider's pause (429, Retry-After) holds the kind's (and key's) slots for every
             # worker, not only this action.
             await self.limiter.hold(action, result.after)
-        return await self._finish(action, result, attempt.error_class, attempt.fence_passed)
+        return await self._finish(
+            action, result, hand_off, attempt.error_class, attempt.fence_passed
+        )
 
     async def _wait_for_slot(self, attempt: ActionAttempt) -> Defer | None:
         """A rate-limited kind: reserves the action's slot and sleeps until just before it
@@ -235,16 +246,29 @@ class ActionExecutor:
         self,
         action: Action,
         result: Result,
+        hand_off: timedelta | None,
         error_class: str | None = None,
         fenced: bool = False,
     ) -> Outcome:
-        """Writes the result's one finish under the action's token and reports it."""
+        """Writes the result's one finish under the action's token (handing the lane on when
+        ``hand_off`` says so) and reports it."""
         finish = finish_for(result, action, self.settings)
         if finish is not None and error_class is not None:
             finish = replace(finish, error_class=error_class)
-        recorded = finish is not None and await self.store.finish(
-            action.token, finish, self._claimed_at(action), fenced=fenced
-        )
+        successor: ClaimedAction | None = None
+        finishing_at = time.monotonic()
+        if finish is None:
+            recorded = False
+        elif hand_off is None:
+            recorded = await self.store.finish(
+                action.token, finish, self._claimed_at(action), fenced=fenced
+            )
+        else:
+            finished = await self.store.finish_and_hand_off(
+                action.token, finish, self._claimed_at(action), fenced=fenced, lease=hand_off
+            )
+            recorded = finished is not None
+            successor = finished.next if finished is not None else None
         outcome = Outcome(
             action.id,
             action.kind,
@@ -253,6 +277,8 @@ class ActionExecutor:
             recorded,
             finish.state if finish is not None and recorded else None,
             finish.reason if finish is not None else None,
+            successor,
+            finishing_at,
         )
         self.observers.attempt(outcome)
         if finish is not None and recorded and finish.stop_reason is not None:

@@ -180,9 +180,29 @@ def release_claims_operation(
 #: A fence a caller asks for: its token, the write margin, the provider reference it records,
 #: and the claim's time (starts an in-process attempt's history row).
 FenceRequest = tuple[FenceToken, timedelta, str | None, datetime | None]
-#: A finish a caller asks for: its token, what it writes, the claim's time (as above), and
-#: whether this attempt passed its fence (its history row then keeps the fence's time).
-FinishRequest = tuple[FenceToken, Finish, datetime | None, bool]
+#: A finish a caller asks for: its token, what it writes, the claim's time (as above),
+#: whether this attempt passed its fence (its history row then keeps the fence's time), and the
+#: lease of the lane's next action if the caller runs it (the hand-off; None: it does not).
+FinishRequest = tuple[FenceToken, Finish, datetime | None, bool, timedelta | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A finish that was written: ``next`` is the lane's next action, claimed and taken in the
+    same statement when the finish handed off, with its payload."""
+
+    next: ClaimedAction | None = None
+
+
+_NEXT = "next_"
+
+
+def _handed_on(row: dict[str, Any]) -> ClaimedAction | None:
+    """The successor a finish row carries (its ``next_*`` columns), if any."""
+    if row.get("next_id") is None:
+        return None
+    fields = {name[len(_NEXT) :]: value for name, value in row.items() if name.startswith(_NEXT)}
+    return _claimed([fields])[0]
 
 
 def _by_token(rows: list[dict[str, Any]]) -> dict[FenceToken, dict[str, Any]]:
@@ -221,7 +241,7 @@ class Store:
         self._fence: GroupWriter[FenceRequest, FenceToken, bool] = GroupWriter(
             "begin_write", self._fence_many, self._fence_one, _first
         )
-        self._finish: GroupWriter[FinishRequest, FenceToken, bool] = GroupWriter(
+        self._finish: GroupWriter[FinishRequest, FenceToken, Finished] = GroupWriter(
             "finish", self._finish_many, self._finish_one, _first
         )
 
@@ -263,10 +283,10 @@ class Store:
         }
         return dict.fromkeys(_by_token(await self._rows("begin_writes", params)), True)
 
-    async def _finish_one(self, finish: FinishRequest) -> bool:
-        return bool(await self._finish_many([finish]))
+    async def _finish_one(self, finish: FinishRequest) -> Finished | None:
+        return (await self._finish_many([finish])).get(finish[0])
 
-    async def _finish_many(self, finishes: Sequence[FinishRequest]) -> dict[FenceToken, bool]:
+    async def _finish_many(self, finishes: Sequence[FinishRequest]) -> dict[FenceToken, Finished]:
         # One statement for every finish, one row or many: ends, retries and deferrals alike.
         params = {
             "ids": [r[0].action_id for r in finishes],
@@ -280,8 +300,10 @@ class Store:
             "error_classes": [r[1].error_class for r in finishes],
             "claimed_ats": [r[2] for r in finishes],
             "fenced": [r[3] for r in finishes],
+            "hand_offs": [r[4] for r in finishes],
         }
-        return dict.fromkeys(_by_token(await self._rows("finish_many", params)), True)
+        rows = await self._rows("finish_many", params)
+        return {token: Finished(_handed_on(row)) for token, row in _by_token(rows).items()}
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
@@ -341,7 +363,22 @@ class Store:
         """Writes ``finish`` (an end or a wait) if the token's epoch still holds, and ends the
         attempt's history row (with its fence's time when ``fenced``: the attempt passed its
         fence); True when it did. ``claimed_at`` as for ``begin_write``."""
-        return bool(await self._finish((token, finish, claimed_at, fenced)))
+        return await self._finish((token, finish, claimed_at, fenced, None)) is not None
+
+    async def finish_and_hand_off(
+        self,
+        token: FenceToken,
+        finish: Finish,
+        claimed_at: datetime | None,
+        *,
+        fenced: bool,
+        lease: timedelta,
+    ) -> Finished | None:
+        """``finish``, and when it ends the action, the lane hand-off in the same statement:
+        the lane's next action, if it is due, of the same kind and limit key and not paused,
+        claimed and taken under ``lease`` for the caller to run (``Finished.next``). None when
+        the finish was not written (the epoch moved)."""
+        return await self._finish((token, finish, claimed_at, fenced, lease))
 
     async def in_flight(self, kinds: Iterable[str]) -> dict[str, int]:
         """Claimed-and-unfinished actions per kind, with a lease that still runs."""

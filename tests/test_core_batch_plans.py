@@ -170,6 +170,8 @@ def _batch_params(claimed: list[tuple[int, int, Any]]) -> dict[str, dict[str, An
             "error_classes": [None] * n,
             "claimed_ats": claimed_ats,
             "fenced": [i % 2 == 0 for i in range(n)],
+            # Every end looks for its lane's next action (the hand-off): a probe a row.
+            "hand_offs": [LEASE] * n,
         },
     }
 

@@ -272,7 +272,7 @@ async def test_a_stale_finish_changes_nothing(make_outbox, database_url, schema)
         await claim_one(ob, store)
         before = one_row(database_url, schema)
         a = first.action
-        outcome = await ob.executor(store)._finish(a, Done("late"))
+        outcome = await ob.executor(store)._finish(a, Done("late"), None)
         assert outcome.recorded is False and outcome.state is None
         retry = finish_for(Retry(after=timedelta(0)), a, ob.settings)
         defer = finish_for(Defer(timedelta(0)), a, ob.settings)

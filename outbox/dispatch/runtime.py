@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dramatiq.asyncio import EventLoopThread
@@ -42,6 +43,9 @@ INTERRUPT_CHECK = 0.1
 #: How long starting the loop thread (and closing the pool at stop) may take before a worker
 #: gives up. Opening the pool waits for PostgreSQL as long as it takes (each wait logged).
 START_TIMEOUT = 30.0
+#: Seconds of a message's time limit (the lease, from the message's start) a handed-on
+#: attempt's lease leaves unused: the fabric starts its clock a little before ``_run`` does.
+HAND_OFF_SLACK = 1.0
 
 
 class WorkerRuntime:
@@ -184,6 +188,8 @@ class WorkerRuntime:
         )
 
     async def _run(self, kind: str, token: FenceToken) -> Outcome | None:
+        """Takes and runs one message's attempt, then the lane's next actions its finishes
+        handed on (``hand_off``); returns the message's own attempt's outcome."""
         executor = self._executor or await self._ready()
         # Taken before the statement, so the local deadline never outlives the database lease.
         started = time.monotonic()
@@ -193,9 +199,31 @@ class WorkerRuntime:
             if claimed is None:
                 executor.observers.take_refused(kind, token)
                 return None
-            return await executor.run(claimed, started)
+            outcome = await executor.run(claimed, started, hand_off=self.hand_off(started, 0))
+            handed, step = 0, outcome
+            while step.next is not None:
+                handed += 1
+                step = await executor.run(
+                    step.next, step.next_claimed_at, hand_off=self.hand_off(started, handed)
+                )
+            return outcome
         finally:
             self._running -= 1
+
+    def hand_off(self, started: float, handed: int) -> timedelta | None:
+        """The lease of a lane's next action this message may still run (the lane hand-off),
+        or None. At most ``hand_off`` actions a message, and only while the message's time
+        limit (the lease, from ``started``) leaves a lease of at least half the full one, and
+        twice the write margin, to the next: every attempt ends before the fabric's time limit
+        would cut it off. None while the worker stops."""
+        settings = self.outbox.settings
+        if handed >= settings.hand_off or (self._stopping is not None and self._stopping.is_set()):
+            return None
+        lease = settings.lease.total_seconds()
+        left = lease - (time.monotonic() - started) - HAND_OFF_SLACK
+        if left < max(lease / 2, 2 * settings.write_margin.total_seconds()):
+            return None
+        return timedelta(seconds=left)
 
 
 async def _awaited(future: asyncio.Future[None]) -> None:

@@ -616,6 +616,14 @@ SELECT id, epoch FROM fenced
 -- its fence started it), and an end
 -- other than DONE parks the payload for an operator's resend or retry (read in the statement's
 -- snapshot, before the update dropped it; only those rows are probed).
+-- The lane hand-off: an end whose `hand_offs` lease is not NULL also claims and takes its lane's
+-- next action, when that one is due, not expired, of the same kind and limit key, of a kind not
+-- paused, and the lane is not held by an erased write (`busy_until`). The end and the claim are
+-- one statement, so no count a claimer bounds (in flight a kind, a key's executing actions)
+-- ever rises: one executing action of the kind and key replaces another. The next action's
+-- lease is the given one; its attempt's history row starts here, as a take's does; its row is
+-- returned beside its predecessor's (`next_*`), with the payload. A wait (a retry, a deferral)
+-- hands nothing on: the action waits at its lane's head again.
 WITH finished AS (
 UPDATE {schema}.agent_action a
    SET state = m.state,
@@ -636,16 +644,18 @@ UPDATE {schema}.agent_action a
                       %(stop_reasons)s::text[], %(refs)s::text[], %(retry_reasons)s::text[],
                       %(afters)s::interval[], %(gives_back)s::boolean[],
                       %(error_classes)s::text[], %(claimed_ats)s::timestamptz[],
-                      %(fenced)s::boolean[])
+                      %(fenced)s::boolean[], %(hand_offs)s::interval[])
                AS u(id, epoch, state, stop_reason, ref, retry_reason, after, gives_back,
-                    error_class, claimed_at, fenced)) m
+                    error_class, claimed_at, fenced, hand_off)) m
  WHERE a.id = m.id AND a.epoch = m.epoch AND (a.state = 'EXECUTING') IS TRUE  -- a probe a row
 -- This attempt's fence time: an end keeps write_started_at, a wait moved it to
 -- earlier_write_at (both only meaningful when this attempt passed its fence).
 RETURNING a.id, a.epoch, a.attempt + m.gives_back::int AS attempt, m.state, m.waits,
           m.gives_back, m.stop_reason, m.retry_reason, m.ref, m.error_class, m.claimed_at,
           CASE WHEN m.fenced THEN coalesce(a.write_started_at, a.earlier_write_at) END
-              AS fenced_at
+              AS fenced_at,
+          a.lane_key, a.kind, coalesce(a.limit_key, a.workspace_id, '') AS key,
+          CASE WHEN NOT m.waits THEN m.hand_off END AS hand_off
 ), history AS (
     INSERT INTO {schema}.agent_action_attempt AS h
         (action_id, epoch, attempt, claimed_at, taken_at, fence_passed_at, ended_at, result,
@@ -666,8 +676,63 @@ RETURNING a.id, a.epoch, a.attempt + m.gives_back::int AS attempt, m.state, m.wa
       FROM finished f JOIN {schema}.agent_action o ON o.id = f.id
      WHERE f.state IN ('UNCERTAIN', 'FAILED', 'CANCELLED') AND o.payload IS NOT NULL
     ON CONFLICT (action_id) DO NOTHING
+), successor AS (
+    -- The lane's first waiting action: one probe of ix_agent_action_lane_waiting an end that
+    -- hands off, none for any other row. The statement's snapshot shows the ended action as it
+    -- was (executing), not waiting, so it is never its own successor.
+    SELECT f.id AS after_id, f.hand_off, b.id
+      FROM finished f
+     CROSS JOIN LATERAL (
+           SELECT b.id, b.kind, b.state, b.available_at, b.expires_at,
+                  coalesce(b.limit_key, b.workspace_id, '') AS key
+             FROM {schema}.agent_action b
+            WHERE f.hand_off IS NOT NULL
+              AND b.lane_key = f.lane_key AND b.state IN ('PROPOSED', 'ADMITTED')
+            ORDER BY b.id
+            LIMIT 1) b
+     WHERE b.state = 'ADMITTED' AND b.available_at <= now()
+       AND (b.expires_at IS NULL OR b.expires_at > now())
+       AND b.kind = f.kind AND b.key = f.key
+       AND NOT EXISTS (SELECT 1 FROM {schema}.agent_action_kind_pause p WHERE p.kind = b.kind)
+       AND NOT EXISTS (SELECT 1 FROM {schema}.agent_action_lane l
+                        WHERE l.lane_key = f.lane_key AND l.busy_until > now())
+), ready AS (
+    SELECT s.after_id, s.hand_off, a.id
+      FROM successor s
+      JOIN {schema}.agent_action a ON a.id = s.id
+     WHERE a.state = 'ADMITTED'
+       FOR UPDATE OF a SKIP LOCKED  -- an operator's or an erasure's statement holds it: left
+), handed AS (
+    UPDATE {schema}.agent_action a
+       SET state = 'EXECUTING', epoch = a.epoch + 1, lease_until = now() + r.hand_off,
+           attempt = a.attempt + 1, taken_epoch = a.epoch + 1
+      FROM ready r
+     WHERE a.id = r.id
+    RETURNING r.after_id, a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
+              a.payload, a.subject_account_id, a.max_attempts, a.expires_at, a.attempt, a.epoch,
+              a.available_at, a.lease_until, a.write_started_at, a.earlier_write_at,
+              a.readback_ref, a.stop_reason, a.retry_reason, a.created_at, a.ended_at,
+              a.priority, a.limit_key, a.lease_until - now() AS lease_left
+), handed_history AS (
+    INSERT INTO {schema}.agent_action_attempt (action_id, epoch, attempt, claimed_at, taken_at)
+    SELECT h.id, h.epoch, h.attempt, now(), now()
+      FROM handed h
+    ON CONFLICT (action_id, epoch) DO NOTHING
 )
-SELECT id, epoch FROM finished
+SELECT f.id, f.epoch,
+       h.id AS next_id, h.kind AS next_kind, h.state AS next_state,
+       h.workspace_id AS next_workspace_id, h.lane_key AS next_lane_key,
+       h.idempotency_key AS next_idempotency_key, h.payload AS next_payload,
+       h.subject_account_id AS next_subject_account_id, h.max_attempts AS next_max_attempts,
+       h.expires_at AS next_expires_at, h.attempt AS next_attempt, h.epoch AS next_epoch,
+       h.available_at AS next_available_at, h.lease_until AS next_lease_until,
+       h.write_started_at AS next_write_started_at, h.earlier_write_at AS next_earlier_write_at,
+       h.readback_ref AS next_readback_ref, h.stop_reason AS next_stop_reason,
+       h.retry_reason AS next_retry_reason, h.created_at AS next_created_at,
+       h.ended_at AS next_ended_at, h.priority AS next_priority, h.limit_key AS next_limit_key,
+       h.lease_left AS next_lease_left
+  FROM finished f
+  LEFT JOIN handed h ON h.after_id = f.id
 
 -- name: make_due
 -- Tests only (outbox.testing.drain): every admitted action that waits becomes due now.
