@@ -50,6 +50,12 @@ ENDED = Counter(
     "Actions that ended, by kind, final state and stop reason",
     ["kind", "state", "reason"],
 )
+HANDED_ON = Counter(
+    "outbox_lane_hand_offs",
+    "Actions a worker claimed and ran itself in the finish of their lane's previous action (the "
+    "lane hand-off), not through the claimer, by kind",
+    ["kind"],
+)
 
 MALFORMED = Counter(
     "outbox_malformed_messages",
@@ -127,10 +133,13 @@ def record_ended(kind: str, state: str, reason: str) -> None:
 
 class MetricsObserver(ExecutorObserver):
     """The executor's counters: every attempt (``outbox_action_attempts_total``), a refused take
-    as an ``abandoned`` attempt, and every end (``outbox_action_ended_total``)."""
+    as an ``abandoned`` attempt, every end (``outbox_action_ended_total``), and every lane
+    hand-off (``outbox_lane_hand_offs_total``)."""
 
     def on_attempt(self, outcome: Outcome) -> None:
         record_attempt(outcome.kind, result_name(outcome.result), outcome.recorded)
+        if outcome.next is not None:
+            HANDED_ON.labels(kind=outcome.kind).inc()
 
     def on_ended(self, action_id: int, kind: str, state: ActionState, reason: str) -> None:
         record_ended(kind, state.value, reason)
