@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -24,11 +25,11 @@ OTHER = ActionKind("OTHER")
 HAND_OFF = timedelta(seconds=30)
 
 
-def _request(i: int, lane: str = "L", kind: ActionKind = NOTE, **fields: object) -> ActionRequest:
-    defaults: dict[str, object] = {"workspace_id": "w", "payload": {"i": i}}
+def _request(i: int, lane: str = "L", kind: ActionKind = NOTE, **fields: Any) -> ActionRequest:
+    defaults: dict[str, Any] = {"workspace_id": "w", "payload": {"i": i}}
     return ActionRequest(
         kind=kind, lane_key=lane, idempotency_key=f"k{i}", **{**defaults, **fields}
-    )  # type: ignore[arg-type]
+    )
 
 
 def _outbox(make_outbox):
@@ -39,10 +40,12 @@ def _outbox(make_outbox):
     return ob
 
 
-def _row(database_url: str, schema: str, action_id: int) -> dict:
+def _row(database_url: str, schema: str, action_id: int) -> dict[str, Any]:
     with psycopg.connect(database_url, row_factory=dict_row) as c:
         row = c.execute(f'SELECT * FROM "{schema}".agent_action WHERE id = %s', (action_id,))
-        return row.fetchone()
+        found = row.fetchone()
+        assert found is not None
+        return found
 
 
 def _lane(database_url: str, schema: str, lane: str) -> dict | None:
@@ -261,10 +264,11 @@ def test_group_committed_ends_hand_on_every_lane_and_the_kinds_executing_count_h
 
     def executing() -> int:
         with psycopg.connect(database_url) as c:
-            (n,) = c.execute(
+            row = c.execute(
                 f"SELECT count(*) FROM \"{schema}\".agent_action WHERE state = 'EXECUTING'"
             ).fetchone()
-            return int(n)
+            assert row is not None
+            return int(row[0])
 
     async def go() -> list[Finished | None]:
         async with ob.store() as store:
