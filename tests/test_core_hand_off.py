@@ -295,8 +295,10 @@ def test_a_worker_hands_on_at_most_its_budget_and_never_past_the_message_time_li
     assert runtime.hand_off(now, 3) is None  # the budget
     # Half the message's time limit gone: the next one's lease would be less than half a lease.
     assert runtime.hand_off(now - 10, 0) is None
-    assert make_outbox(hand_off=0) is not None
     assert WorkerRuntime(make_outbox(hand_off=0)).hand_off(now, 0) is None
+    # A worker that began to stop waits for its messages: they hand nothing on.
+    runtime.stop_handing_off()
+    assert runtime.hand_off(time.monotonic(), 0) is None
 
 
 class _Recording:

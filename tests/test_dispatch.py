@@ -5,6 +5,7 @@ call and every write in PostgreSQL, so each test reads back what happened across
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import time
 from collections import Counter
@@ -108,6 +109,27 @@ def test_end_to_end_2000_actions_over_50_lanes_each_done_once_in_lane_order(
     assert_lanes_held(calls)
     assert claimer.stop() == 0, claimer.output()
     assert "claimer stopped" in claimer.output()
+    assert worker.stop() == 0
+
+
+def test_a_lane_runs_through_its_workers_hand_offs_and_the_claimer_claims_each_runs_first(
+    rig: DispatchRig,
+) -> None:
+    """Twelve actions of one lane, a hand-off budget of three: each message's worker runs the
+    lane's next three itself (claimed in its finishes), so the claimer claims three of the
+    twelve; each runs once, in lane order, one at a time."""
+    worker = rig.worker(threads=2, OUTBOX_HAND_OFF="3")
+    claimer = rig.claimer(OUTBOX_HAND_OFF="3")
+    ids = rig.enqueue(rig.rb, lanes=1, per_lane=12)
+    rows = rig.wait_ended(ids, timeout=60)
+
+    assert Counter(r["state"] for r in rows) == {"DONE": 12}
+    assert all(r["attempt"] == 1 for r in rows), "an action ran more than one attempt"
+    calls = rig.calls()
+    assert sorted(c["action_id"] for c in calls) == ids
+    assert_lanes_held(calls)
+    assert claimer.stop() == 0, claimer.output()
+    assert re.search(r"claimer stopped: .*'claimed': 3,", claimer.output()), claimer.output()
     assert worker.stop() == 0
 
 

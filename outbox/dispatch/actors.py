@@ -131,13 +131,18 @@ def _pipelined_redis(broker: Broker) -> tuple[Broker, Any] | None:
 
 
 class OutboxRuntimeMiddleware(Middleware):
-    """Opens the outbox's pool when a Dramatiq worker boots and closes it after it stopped."""
+    """Opens the outbox's pool when a Dramatiq worker boots and closes it after it stopped;
+    stops lane hand-offs when it begins to stop."""
 
     def __init__(self, runtime: WorkerRuntime) -> None:
         self.runtime = runtime
 
     def after_worker_boot(self, broker: Broker, worker: Any) -> None:
         self.runtime.start()
+
+    def before_worker_shutdown(self, broker: Broker, worker: Any) -> None:
+        # The worker waits for the messages it runs: they hand no lane on meanwhile.
+        self.runtime.stop_handing_off()
 
     def after_worker_shutdown(self, broker: Broker, worker: Any) -> None:
         self.runtime.stop()

@@ -237,6 +237,10 @@ def install(
     def stop_runtime(**_: Any) -> None:
         runtime.stop()  # a no-op in a process where it never started
 
+    def shutting_down(**_: Any) -> None:
+        # A warm shutdown waits for the running tasks: they hand no lane on meanwhile.
+        runtime.stop_handing_off()
+
     def process_ended(**_: Any) -> None:
         runtime.stop()
         metrics.mark_process_dead()
@@ -268,6 +272,7 @@ def install(
     # Celery's signals are process-wide: the handlers are kept (weak=False) for the app's life.
     signals.worker_process_shutdown.connect(process_ended, weak=False)
     signals.worker_shutdown.connect(stop_runtime, weak=False)
+    signals.worker_shutting_down.connect(shutting_down, weak=False)
     signals.worker_process_init.connect(start_in_child, weak=False)
     signals.worker_ready.connect(worker_ready, weak=False)
     _installed[outbox] = dispatch

@@ -70,12 +70,15 @@ class WorkerRuntime:
         self._heartbeat: asyncio.Future[None] | None = None
         #: Attempts running now in this process (the heartbeat's in-flight count).
         self._running = 0
+        #: Set when the worker begins to stop: its messages end without handing lanes on.
+        self._draining = False
 
     def start(self) -> None:
         """Starts the loop thread and opens the pool, once per process."""
         with self._lock:
             if self._pid == os.getpid():
                 return
+            self._draining = False
             thread = EventLoopThread(log)
             thread.daemon = True
             thread.start(timeout=START_TIMEOUT)
@@ -210,14 +213,19 @@ class WorkerRuntime:
         finally:
             self._running -= 1
 
+    def stop_handing_off(self) -> None:
+        """The worker begins to stop (it waits for the messages it runs): every attempt from now
+        on ends without handing its lane on, so the stop waits for one attempt a message."""
+        self._draining = True
+
     def hand_off(self, started: float, handed: int) -> timedelta | None:
         """The lease of a lane's next action this message may still run (the lane hand-off),
         or None. At most ``hand_off`` actions a message, and only while the message's time
         limit (the lease, from ``started``) leaves a lease of at least half the full one, and
         twice the write margin, to the next: every attempt ends before the fabric's time limit
-        would cut it off. None while the worker stops."""
+        would cut it off. None once the worker began to stop (``stop_handing_off``)."""
         settings = self.outbox.settings
-        if handed >= settings.hand_off or (self._stopping is not None and self._stopping.is_set()):
+        if handed >= settings.hand_off or self._draining:
             return None
         lease = settings.lease.total_seconds()
         left = lease - (time.monotonic() - started) - HAND_OFF_SLACK
