@@ -64,6 +64,9 @@ class Evidence:
     expected_erased: dict[str, set[int]]
     #: How many times a worker took each action (``<watch>.take``).
     takes: Counter[int] = field(default_factory=Counter)
+    #: How many deferrals of each action the outbox wrote (its attempt history's ``DEFER``
+    #: rows): an adapter's Defer whose finish a kill or a restart lost gave nothing back.
+    recorded_defers: Counter[int] = field(default_factory=Counter)
     #: Injected faults besides the SIGKILLs (``<watch>.fault``): name, before, after.
     faults: list[dict[str, Any]] = field(default_factory=list)
     #: Per webhook event (``<key>@<slot>``), how often the receiver took each webhook-id.
@@ -107,6 +110,12 @@ class Evidence:
             ),
             expected_erased=expected_erased,
             takes=Counter(r["action_id"] for r in rows(f"SELECT action_id FROM {w}.take")),
+            recorded_defers=Counter(
+                r["action_id"]
+                for r in rows(
+                    f"SELECT action_id FROM {o}.agent_action_attempt WHERE result = 'DEFER'"
+                )
+            ),
             faults=rows(f"SELECT * FROM {w}.fault ORDER BY id"),
             deliveries=dict(deliveries),
             bad_signatures=int(bad),
@@ -371,19 +380,22 @@ def uncertain_explained(ev: Evidence) -> tuple[Check, dict[int, int]]:
 
 
 def attempts_spent_by_runs(ev: Evidence) -> Check:
-    """An action's ``attempt`` is the number of times a worker took it less the takes whose
-    adapter deferred (a rate limit gives its attempt back; claims, reclaims and lost pushes
-    spend none), and no action ends ATTEMPTS_EXHAUSTED having called its adapter fewer than
-    ``max_attempts`` times."""
+    """An action's ``attempt`` is the number of times a worker took it less its deferrals the
+    outbox wrote (a rate limit gives its attempt back; claims, reclaims and lost pushes spend
+    none; an adapter's Defer whose finish a kill or a restart lost ran, and spent its attempt;
+    a slot too far away defers before the adapter runs), and no action ends ATTEMPTS_EXHAUSTED
+    having called its adapter fewer than ``max_attempts`` times."""
     check = Check("attempts are spent only by runs", len(ev.actions))
     calls = Counter(a["action_id"] for a in ev.attempts)
     deferred = Counter(a["action_id"] for a in ev.attempts if a["result"] == "Defer")
     for action_id, action in sorted(ev.actions.items()):
-        taken = ev.takes[action_id] - deferred[action_id]
+        taken = ev.takes[action_id] - ev.recorded_defers[action_id]
         if action["attempt"] != taken:
             check.violations.append(
                 f"action {action_id} {action['state']} at attempt {action['attempt']}, "
-                f"taken {ev.takes[action_id]}x, deferred {deferred[action_id]}x"
+                f"taken {ev.takes[action_id]}x, deferrals written "
+                f"{ev.recorded_defers[action_id]}x, returned by its adapter "
+                f"{deferred[action_id]}x"
             )
         if action["stop_reason"] == "ATTEMPTS_EXHAUSTED" and calls[action_id] < action.get(
             "max_attempts", 0
