@@ -305,14 +305,22 @@ def test_attempt_check_catches_an_attempt_spent_without_a_take_and_an_early_exha
     assert checks.attempts_spent_by_runs(early).ok
 
 
-def test_attempt_check_gives_a_deferred_take_its_attempt_back() -> None:
+def test_attempt_check_gives_a_written_deferral_its_attempt_back() -> None:
     deferred = evidence(
         attempts=[attempt(1, 0, 0.5, result="Defer"), attempt(1, 1, 1.5), attempt(2, 2, 3)],
         takes=Counter({1: 2, 2: 1}),
+        recorded_defers=Counter({1: 1}),
     )
     assert checks.attempts_spent_by_runs(deferred).ok
-    deferred.attempts[0]["result"] = "Retry"
-    assert not checks.attempts_spent_by_runs(deferred).ok
+    # The deferral's finish was lost (its worker killed after the adapter returned): the
+    # attempt ran and is spent, so one attempt fewer than takes is a violation.
+    lost = evidence(
+        attempts=[attempt(1, 0, 0.5, result="Defer"), attempt(1, 1, 1.5), attempt(2, 2, 3)],
+        takes=Counter({1: 2, 2: 1}),
+    )
+    assert not checks.attempts_spent_by_runs(lost).ok
+    lost.actions[1]["attempt"] = 2
+    assert checks.attempts_spent_by_runs(lost).ok
 
 
 def test_uncertain_after_a_database_restart_is_explained_only_near_its_fence() -> None:
