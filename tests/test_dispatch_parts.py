@@ -22,10 +22,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from outbox import ActionKind, ActionRequest, ConfigurationError, Done, Outbox, Settings
-from outbox._io import run_async
+from outbox._io import Statement, run_async
 from outbox.dispatch import Claimer, broker_from_url, default_broker, install
 from outbox.dispatch.actors import actor_options, even_chunks
-from outbox.dispatch.claim_guard import enter_claim_round
+from outbox.dispatch.claim_guard import open_claim_round
 from outbox.dispatch.claimer import bounded_claim_operation
 from outbox.dispatch.commands import worker_argv
 from outbox.dispatch.consumption import ConsumptionWatch
@@ -308,11 +308,12 @@ async def test_a_claim_round_commits_without_waiting_for_its_wal_flush(
 ) -> None:
     outbox, _ = _outbox(make_outbox, schema)
     async with outbox.store() as store, store.connection() as conn:
-        async with conn.transaction():
-            await enter_claim_round(conn, schema, outbox.settings)
-            inside = await (await conn.execute("SHOW synchronous_commit")).fetchone()
+        inside = await open_claim_round(
+            conn, schema, outbox.settings, Statement("SHOW synchronous_commit")
+        )
+        await conn.commit()
         after = await (await conn.execute("SHOW synchronous_commit")).fetchone()
-    assert inside == ("off",), "the claim round's commit waited for its WAL flush"
+    assert inside == [{"synchronous_commit": "off"}], "the claim round's commit waited"
     assert after == ("on",), "the setting outlived the claim round"
 
 
@@ -332,12 +333,14 @@ async def test_a_rounds_counts_come_after_the_lock_and_see_what_its_holder_claim
         )
 
         async def round_() -> Any:
-            async with outbox.store() as store, store.connection() as conn, conn.transaction():
-                await enter_claim_round(conn, schema, outbox.settings)
+            async with outbox.store() as store, store.connection() as conn:
                 op = bounded_claim_operation(
                     schema, [kind], 5, 5, LEASE, ConsumptionWatch(), locked=True
                 )
-                return await run_async(conn, op)
+                rows = await open_claim_round(conn, schema, outbox.settings, next(op))
+                result = await run_async(conn, op, started=rows)
+                await conn.commit()
+                return result
 
         entering = asyncio.create_task(round_())
         await asyncio.sleep(0.3)

@@ -56,21 +56,11 @@ def guard_statement(schema: str, settings: Settings) -> Statement:
     return Statement(queries_for(schema)["claim_round_guard"], params)
 
 
-async def enter_claim_round(conn: AsyncConnection[Any], schema: str, settings: Settings) -> float:
-    """Sets the round's bounds and takes the claim lock, inside the open transaction of
-    ``conn``; returns how long the lock took (seconds). Raises ``ClaimLockBusy``."""
-    guard = guard_statement(schema, settings)
-    started = time.monotonic()
-    with _lock_wait(settings, started):
-        await conn.execute(guard.sql, guard.params)
-    return _waited(started)
-
-
 async def open_claim_round(
     conn: AsyncConnection[Any], schema: str, settings: Settings, first: Statement
 ) -> Rows:
     """Opens the round's transaction on ``conn`` (autocommit), sets its bounds, takes the claim
-    lock (``enter_claim_round``) and runs the round's ``first`` statement, in one round trip;
+    lock and runs the round's ``first`` statement, in one round trip;
     returns the rows of ``first``. Raises ``ClaimLockBusy``.
 
     The three go as one simple-protocol query (parameters bound client-side), whose statements

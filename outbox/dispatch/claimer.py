@@ -117,7 +117,7 @@ def bounded_claim_operation(
     the bound (one probe for a kind whose claims no worker takes); run it in a transaction.
     A kind's concurrency cap (``kind_limits``) lowers its bound below ``in_flight``; its
     per-key cap bounds each limit key's share (``claim_operation``). It takes the claim lock
-    first, unless ``locked`` (the transaction took it already: ``enter_claim_round``)."""
+    first, unless ``locked`` (the transaction took it already: ``open_claim_round``)."""
     kind_limits = kind_limits or {}
     q = queries_for(schema)
     if not locked:
