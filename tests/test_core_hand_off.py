@@ -55,6 +55,20 @@ def _lane(database_url: str, schema: str, lane: str) -> dict | None:
         ).fetchone()
 
 
+def _two_in_lane(make_outbox, conn, schema: str):
+    """The outbox, and two actions of lane L."""
+    ob = _outbox(make_outbox)
+    first, second = enqueue_many(conn, [_request(0), _request(1)], schema=schema)
+    conn.commit()
+    return ob, first, second
+
+
+async def _head(ob, store) -> ClaimedAction:
+    """The one due lane head, claimed and taken in process."""
+    (claimed,) = await store.claim({"NOTE": 10}, ob.settings.lease)
+    return claimed
+
+
 async def _end(ob, store, claimed: ClaimedAction, result=None) -> Finished | None:
     finish = finish_for(result or Done(), claimed.action, ob.settings)
     assert finish is not None
@@ -189,14 +203,11 @@ def test_a_successor_the_claimer_would_not_give_this_worker_is_not_handed_on(
 def test_a_retry_hands_nothing_on_its_action_waits_at_the_head_again(
     make_outbox, database_url, schema, conn
 ):
-    ob = _outbox(make_outbox)
-    first, second = enqueue_many(conn, [_request(0), _request(1)], schema=schema)
-    conn.commit()
+    ob, first, second = _two_in_lane(make_outbox, conn, schema)
 
     async def go() -> Finished | None:
         async with ob.store() as store:
-            (claimed,) = await store.claim({"NOTE": 10}, ob.settings.lease)
-            return await _end(ob, store, claimed, Retry(after=timedelta(0)))
+            return await _end(ob, store, await _head(ob, store), Retry(after=timedelta(0)))
 
     finished = asyncio.run(go())
     assert finished is not None and finished.next is None
@@ -211,13 +222,11 @@ def test_a_successor_another_transaction_holds_is_left_and_the_end_still_written
 ):
     """An operator's or an erasure's transaction holding the next action: the end does not
     wait for it, and the claimer finds the action later."""
-    ob = _outbox(make_outbox)
-    first, second = enqueue_many(conn, [_request(0), _request(1)], schema=schema)
-    conn.commit()
+    ob, first, second = _two_in_lane(make_outbox, conn, schema)
 
     async def go() -> Finished | None:
         async with ob.store() as store:
-            (claimed,) = await store.claim({"NOTE": 10}, ob.settings.lease)
+            claimed = await _head(ob, store)
             with psycopg.connect(database_url) as holder:
                 holder.execute(
                     f'SELECT 1 FROM "{schema}".agent_action WHERE id = %s FOR UPDATE',
@@ -232,13 +241,11 @@ def test_a_successor_another_transaction_holds_is_left_and_the_end_still_written
 
 
 def test_a_stale_end_hands_nothing_on(make_outbox, database_url, schema, conn):
-    ob = _outbox(make_outbox)
-    first, second = enqueue_many(conn, [_request(0), _request(1)], schema=schema)
-    conn.commit()
+    ob, first, second = _two_in_lane(make_outbox, conn, schema)
 
     async def go() -> Finished | None:
         async with ob.store() as store:
-            (claimed,) = await store.claim({"NOTE": 10}, ob.settings.lease)
+            claimed = await _head(ob, store)
             with psycopg.connect(database_url) as c:  # a reclaim moved the epoch on
                 c.execute(
                     f'UPDATE "{schema}".agent_action SET epoch = epoch + 1 WHERE id = %s',
