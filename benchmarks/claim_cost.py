@@ -122,12 +122,16 @@ def _server_cpu(conn: psycopg.Connection[Any]) -> Callable[[], float] | None:
 
 
 class Case:
-    """One loaded case: its connection, and each timed claim's seconds and server CPU."""
+    """One loaded case: what it is, its connection, and each timed claim's seconds and server
+    CPU."""
 
-    def __init__(self, schema: str, key_cap: int | None) -> None:
+    def __init__(
+        self, name: str, what: str, sized: dict[str, int], schema: str, load_s: float
+    ) -> None:
+        self.name, self.what, self.sized, self.load_s = name, what, sized, load_s
         self.schema = schema
-        self.caps = {NOOP.name: key_cap} if key_cap else None
-        self.key_cap = key_cap
+        #: A per-key concurrency cap, in the case with limit keys.
+        self.key_cap = 10 if "workspaces" in sized else None
         self.conn = psycopg.connect(DATABASE_URL)
         self.cpu = _server_cpu(self.conn)
         self.seconds: list[float] = []
@@ -139,9 +143,8 @@ class Case:
         cpu_before = self.cpu() if self.cpu else 0.0
         with self.conn.transaction(force_rollback=True):
             started = time.perf_counter()
-            op = claim_operation(
-                self.schema, {NOOP.name: BATCH}, LEASE, take=False, key_caps=self.caps
-            )
+            caps = {NOOP.name: self.key_cap} if self.key_cap else None
+            op = claim_operation(self.schema, {NOOP.name: BATCH}, LEASE, take=False, key_caps=caps)
             rows = run_sync(self.conn, op)
             took = time.perf_counter() - started
         if timed:
@@ -202,7 +205,7 @@ def run(scale: Scale) -> list[Result]:
     whole sample, so the ratios hold on a noisy machine."""
     runs = scale.n(41, 101, floor=3)
     with contextlib.ExitStack() as stack:
-        cases: list[tuple[str, str, dict[str, int], float, Case]] = []
+        cases: list[Case] = []
         for name, what, sizes in CASES:
             sized = {k: scale.n(v, v, floor=min(v, 200)) for k, v in sizes.items()}
             if "workspaces" in sizes:
@@ -211,24 +214,23 @@ def run(scale: Scale) -> list[Result]:
             migrated_outbox(schema)
             loaded = time.perf_counter()
             fill(schema, **sized)
-            load_s = time.perf_counter() - loaded
-            case = Case(schema, 10 if "workspaces" in sizes else None)
+            case = Case(name, what, sized, schema, time.perf_counter() - loaded)
             stack.callback(case.conn.close)
-            cases.append((name, what, sized, load_s, case))
-        for _, _, _, _, case in cases:
+            cases.append(case)
+        for case in cases:
             case.claim(timed=False)  # warms the caches and the plan
         for _ in range(runs):
-            for _, _, _, _, case in cases:
+            for case in cases:
                 case.claim(timed=True)
         results: list[Result] = []
-        base_p50 = median(cases[0][4].seconds)
-        base_cpu = median(cases[0][4].cpu_seconds) if cases[0][4].cpu_seconds else None
-        for name, what, sized, load_s, case in cases:
+        base_p50 = median(cases[0].seconds)
+        base_cpu = median(cases[0].cpu_seconds) if cases[0].cpu_seconds else None
+        for case in cases:
             p50 = median(case.seconds)
             cpu = median(case.cpu_seconds) if case.cpu_seconds else None
             results.append(
                 Result(
-                    scenario=name,
+                    scenario=case.name,
                     n=case.claimed,
                     actions_per_s=round(case.claimed / p50, 1) if p50 else None,
                     p50_ms=ms(p50),
@@ -236,8 +238,8 @@ def run(scale: Scale) -> list[Result]:
                     ratio=round(p50 / base_p50, 3),
                     ratio_to="claim-cost-a",
                     extra={
-                        "case": what,
-                        "sizes": sized,
+                        "case": case.what,
+                        "sizes": case.sized,
                         "runs": runs,
                         "claim_heads_buffers": case.buffers(),
                         # The server's CPU for one claim, median: the load of the machine
@@ -246,7 +248,7 @@ def run(scale: Scale) -> list[Result]:
                         "server_cpu_ratio": round(cpu / base_cpu, 3)
                         if cpu is not None and base_cpu
                         else None,
-                        "load_s": round(load_s, 1),
+                        "load_s": round(case.load_s, 1),
                     },
                 )
             )
