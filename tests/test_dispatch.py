@@ -57,7 +57,27 @@ def _forget_queues(rig: DispatchRig, broker_url: str) -> None:
         connection.close()
 
 
+#: Server connections another test's processes may still hold when a test starts its own (the
+#: backends of processes an earlier test killed exit a moment after them); max_connections is 100.
+SPARE_CONNECTIONS = 40
+
+
+def _wait_for_spare_connections(database_url: str, timeout: float = 15.0) -> None:
+    """Until fewer than ``SPARE_CONNECTIONS`` other sessions are open (or ``timeout``): a test
+    that starts a claimer and a pool of worker processes needs about 40 of its own."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+            ).fetchone()
+            if row is None or row[0] < SPARE_CONNECTIONS:
+                return
+            time.sleep(0.2)
+
+
 def _rig(database_url: str, schema: str, broker_url: str) -> Iterator[DispatchRig]:
+    _wait_for_spare_connections(database_url)
     rig = DispatchRig(database_url, schema, broker_url, dict(FAST))
     outbox = rig.outbox()
     outbox.migrate()
