@@ -97,6 +97,9 @@ def measured(server: WalPostgres, work: Callable[[], None]) -> dict[str, float]:
         (wal_bytes,) = conn.execute(  # type: ignore[misc]
             "SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", (end, start)
         ).fetchone()
+    if wal_bytes == 0:
+        # pg_waldump refuses an empty range, and a phase of a tiny --scale can write nothing.
+        return {"bytes": 0.0, "records": 0.0, "fpi_bytes": 0.0, "s": seconds}
     waldump = [str(PG_BIN / "pg_waldump"), "-p", str(server.data / "pg_wal"), "--stats"]
     dump = subprocess.run(
         [*waldump, "-s", start, "-e", end],
