@@ -44,8 +44,15 @@ BEGIN
         RAISE EXCEPTION 'guard_agent_action: kind % is not instance-level, workspace_id is required',
             bad.kind USING ERRCODE = 'check_violation';
     END IF;
-    INSERT INTO agent_action_lane_intake (lane_key, priority)
-    SELECT n.lane_key, max(n.priority) FROM new_actions n GROUP BY n.lane_key;
+    -- One intake row for the statement: its lane when it touched one, else all its lanes, the
+    -- highest priority first (a fold that takes part of the row takes those first).
+    INSERT INTO agent_action_lane_intake (lane_key, lane_keys, lanes, priority)
+    SELECT CASE WHEN count(*) = 1 THEN min(l.lane_key) END,
+           CASE WHEN count(*) > 1 THEN array_agg(l.lane_key ORDER BY l.priority DESC) END,
+           count(*), max(l.priority)
+      FROM (SELECT n.lane_key, max(n.priority) AS priority
+              FROM new_actions n GROUP BY n.lane_key) l
+    HAVING count(*) > 0;
     RETURN NULL;
 END;
 $$;
@@ -95,31 +102,48 @@ CREATE FUNCTION outbox.agent_action_lane_intake(p_limit integer) RETURNS integer
     AS $$
 DECLARE
     batch bigint[];
+    takes integer[];
     keys text[];
     holds timestamptz[];
     fresh text[];
     folded text[] := '{}';
+    skipped text[];
+    taken integer;
     lane record;
-    n integer;
 BEGIN
     IF NOT pg_try_advisory_xact_lock(2831, hashtext(current_schema())) THEN
         RETURN 0;
     END IF;
-    SELECT array_agg(i.seq) INTO batch
-      FROM ((SELECT seq FROM agent_action_lane_intake ORDER BY priority DESC, seq LIMIT p_limit)
-            UNION
-            -- The newest too: a small transaction that committed after a newsletter's is not
-            -- left behind its 100,000 intake rows (fairness, and the latency of a single send).
-            (SELECT seq FROM agent_action_lane_intake ORDER BY seq DESC LIMIT 64)) i;
+    -- The rows this fold takes from, and how many of each row's lanes (a prefix).
+    SELECT array_agg(t.seq), array_agg(t.take) INTO batch, takes
+      FROM (SELECT p.seq, max(p.take)::integer AS take
+              FROM (SELECT w.seq, least(w.lanes, p_limit - w.before) AS take
+                      FROM (SELECT i.seq, i.lanes,
+                                   sum(i.lanes) OVER (ORDER BY i.priority DESC, i.seq
+                                                      ROWS UNBOUNDED PRECEDING) - i.lanes
+                                       AS before
+                              FROM (SELECT seq, priority, lanes FROM agent_action_lane_intake
+                                     ORDER BY priority DESC, seq LIMIT p_limit) i) w
+                     WHERE w.before < p_limit
+                    UNION ALL
+                    -- The newest too: a small transaction that committed after a newsletter's
+                    -- is not left behind its 100,000 lanes (fairness, and the latency of a
+                    -- single send).
+                    SELECT r.seq, least(r.lanes, 64)
+                      FROM (SELECT seq, lanes FROM agent_action_lane_intake
+                             ORDER BY seq DESC LIMIT 64) r) p
+             GROUP BY p.seq) t;
     IF batch IS NULL THEN
         RETURN 0;
     END IF;
     SELECT array_agg(k.lane_key ORDER BY k.lane_key), array_agg(k.hold ORDER BY k.lane_key)
       INTO keys, holds
-      FROM (SELECT i.lane_key, max(i.busy_until) AS hold
-              FROM agent_action_lane_intake i
-             WHERE i.seq = ANY (batch)
-             GROUP BY i.lane_key) k;
+      FROM (SELECT u.lane_key, max(i.busy_until) AS hold
+              FROM unnest(batch, takes) AS b(seq, take)
+              JOIN agent_action_lane_intake i ON i.seq = b.seq
+             CROSS JOIN LATERAL
+                   unnest(coalesce(i.lane_keys[1:b.take], ARRAY[i.lane_key])) AS u(lane_key)
+             GROUP BY u.lane_key) k;
 
     SELECT coalesce(array_agg(k.lane_key), '{}') INTO fresh
       FROM unnest(keys) AS k(lane_key)
@@ -157,10 +181,51 @@ BEGIN
         folded := folded || lane.lane_key;
     END LOOP;
 
-    DELETE FROM agent_action_lane_intake
-     WHERE seq = ANY (batch) AND lane_key = ANY (folded);
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
+    SELECT sum(t) INTO taken FROM unnest(takes) AS t;
+    IF cardinality(folded) = cardinality(keys) THEN
+        -- Every lane taken was folded: a row taken whole leaves, a row taken in part keeps the
+        -- lanes after its prefix.
+        DELETE FROM agent_action_lane_intake i
+         USING unnest(batch, takes) AS b(seq, take)
+         WHERE i.seq = b.seq AND i.lanes <= b.take;
+        UPDATE agent_action_lane_intake i
+           SET lane_keys = i.lane_keys[b.take + 1:], lanes = i.lanes - b.take
+          FROM unnest(batch, takes) AS b(seq, take)
+         WHERE i.seq = b.seq AND i.lanes > b.take;
+        RETURN taken;
+    END IF;
+
+    -- Some lanes' rows were held (by a finish): their entries stay for the next claim.
+    SELECT array_agg(k.lane_key) INTO skipped
+      FROM unnest(keys) AS k(lane_key)
+     WHERE NOT EXISTS (SELECT 1 FROM unnest(folded) AS f(lane_key) WHERE f.lane_key = k.lane_key);
+    WITH kept AS (
+        UPDATE agent_action_lane_intake i
+           SET lane_keys = coalesce(h.held, '{}') || i.lane_keys[b.take + 1:],
+               lanes = coalesce(cardinality(h.held), 0) + i.lanes - b.take
+          FROM unnest(batch, takes) AS b(seq, take)
+          LEFT JOIN (SELECT x.seq, array_agg(u.lane_key ORDER BY u.n) AS held
+                       FROM unnest(batch, takes) AS c(seq, take)
+                       JOIN agent_action_lane_intake x ON x.seq = c.seq
+                      CROSS JOIN LATERAL
+                            unnest(x.lane_keys[1:c.take]) WITH ORDINALITY AS u(lane_key, n)
+                       JOIN unnest(skipped) AS s(lane_key) ON s.lane_key = u.lane_key
+                      GROUP BY x.seq) h ON h.seq = b.seq
+         WHERE i.seq = b.seq AND i.lane_keys IS NOT NULL
+        RETURNING coalesce(cardinality(h.held), 0) AS held)
+    SELECT taken - coalesce(sum(kept.held), 0) INTO taken FROM kept;
+    DELETE FROM agent_action_lane_intake i
+     USING unnest(batch) AS b(seq)
+     WHERE i.seq = b.seq
+       AND (i.lanes = 0
+            OR (i.lane_keys IS NULL
+                AND NOT EXISTS (SELECT 1 FROM unnest(skipped) AS s(lane_key)
+                                 WHERE s.lane_key = i.lane_key)));
+    -- The single rows of the batch left are the held ones.
+    RETURN taken - (SELECT count(*)::integer
+                      FROM unnest(batch) AS b(seq)
+                      JOIN agent_action_lane_intake i ON i.seq = b.seq
+                     WHERE i.lane_keys IS NULL);
 END;
 $$;
 
@@ -513,9 +578,12 @@ CREATE TABLE outbox.agent_action_lane (
 
 CREATE TABLE outbox.agent_action_lane_intake (
     seq bigint NOT NULL,
-    lane_key text NOT NULL,
+    lane_key text,
     busy_until timestamp with time zone,
-    priority smallint DEFAULT 0 NOT NULL
+    priority smallint DEFAULT 0 NOT NULL,
+    lane_keys text[],
+    lanes integer DEFAULT 1 NOT NULL,
+    CONSTRAINT ck_agent_action_lane_intake_lanes CHECK (((lane_key IS NULL) <> (lane_keys IS NULL)))
 );
 
 -- sequence agent_action_lane_intake_seq_seq
