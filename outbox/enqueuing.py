@@ -17,7 +17,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from outbox._io import Operation, Statement
-from outbox.action import Action
+from outbox.action import Action, created_action
 from outbox.config import max_payload_bytes_from_env
 from outbox.connectors import run_async_on, run_sync_on
 from outbox.errors import ActionNotFound, IllegalTransition, InvalidActionRequest, UnknownKindError
@@ -76,30 +76,21 @@ def _created(
     """The action an insert made of ``request``: the statement returns only what the database
     made (the id and the clock times); the rest is the request as the row stores it, and
     ``payload`` the value its JSON decodes to, so no row is read back whole."""
-    proposal = request.proposal
-    return Action(
-        id=id_,
-        kind=request.kind_name,
-        state=ActionState.PROPOSED if proposal else ActionState.ADMITTED,
-        workspace_id=as_text(request.workspace_id),
-        lane_key=request.lane_key,
-        idempotency_key=request.idempotency_key,
-        payload=payload,
-        subject_account_id=as_text(request.subject_account_id),
-        max_attempts=request.max_attempts,
-        expires_at=utc(request.expires_at),
-        attempt=0,
-        epoch=0,
-        available_at=available_at,
-        lease_until=None,
-        write_started_at=None,
-        readback_ref=None,
-        stop_reason=None,
-        created_at=created_at,
-        ended_at=None,
-        priority=request.priority,
-        limit_key=as_text(request.limit_key),
-        created=True,
+    return created_action(
+        id_,
+        request.kind_name,
+        ActionState.PROPOSED if request.proposal else ActionState.ADMITTED,
+        as_text(request.workspace_id),
+        request.lane_key,
+        request.idempotency_key,
+        payload,
+        as_text(request.subject_account_id),
+        request.max_attempts,
+        utc(request.expires_at),
+        available_at,
+        created_at,
+        request.priority,
+        as_text(request.limit_key),
     )
 
 
