@@ -108,22 +108,23 @@ def _setter(name: str) -> Callable[[Action, Any], None]:
 
 def created_action(
     id: int,
+    available_at: datetime,
+    created_at: datetime,
+    payload: Any,
     kind: str,
     state: ActionState,
     workspace_id: str | None,
     lane_key: str,
     idempotency_key: str,
-    payload: Any,
     subject_account_id: str | None,
     max_attempts: int,
     expires_at: datetime | None,
-    available_at: datetime,
-    created_at: datetime,
     priority: int,
     limit_key: str | None,
 ) -> Action:
     """The action an enqueue just inserted (no attempt yet, ``created``): ``Action(...)`` of
-    these values, the rest unset (None, 0, ``created`` True), made in half the time.
+    these values (what the database made first, then what the request gave), the rest unset
+    (None, 0, ``created`` True), made in half the time.
 
     An enqueue of 1,000 makes 1,000 of them, and the frozen dataclass's ``__init__`` sets each
     of 24 fields through ``object.__setattr__`` (a name looked up on the class, then the slot

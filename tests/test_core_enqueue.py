@@ -258,8 +258,8 @@ def test_an_enqueued_action_is_made_as_the_dataclass_would_make_it():
     # differs from every other), and the action must be an ordinary frozen Action.
     when = [datetime(2030, 1, day, tzinfo=UTC) for day in (1, 2, 3)]
     given = (
-        7, "NOTE", ActionState.PROPOSED, "w", "lane", "key", {"n": 1}, "acct", 4, when[0],
-        when[1], when[2], -3, "limit",
+        7, when[1], when[2], {"n": 1}, "NOTE", ActionState.PROPOSED, "w", "lane", "key", "acct",
+        4, when[0], -3, "limit",
     )  # fmt: skip
     made = created_action(*given)
     expected = Action(
