@@ -217,18 +217,17 @@ def enqueue_many_operation(
     batch = list(requests)
     limit = max_payload_bytes_or_default(max_payload_bytes)
     checked: list[tuple[str, Any]] = []
+    # The position of the first request of each key.
+    firsts: dict[str, int] = {}
     for index, request in enumerate(batch):
         try:
             checked.append(request.checked(limit))
         except InvalidActionRequest as error:
             raise error.for_request(index) from None
+        firsts.setdefault(request.idempotency_key, index)
     if not batch:
         return []
     q = queries_for(schema)
-    # The position of the first request of each key.
-    firsts: dict[str, int] = {}
-    for index, request in enumerate(batch):
-        firsts.setdefault(request.idempotency_key, index)
     stored = {key: _stored(batch[index], checked[index][1]) for key, index in firsts.items()}
     document = _document(
         list(stored.values()),
@@ -268,6 +267,8 @@ def enqueue_many_operation(
         # our insert looked (or an action vanished); the batch is acceptable, so insert again.
     else:
         raise _vanished()
+    if len(firsts) == len(batch):  # no key repeated (the common batch): firsts is the batch
+        return [found[key] for key in firsts]
     actions: list[Action] = []
     seen: set[str] = set()
     for request in batch:
