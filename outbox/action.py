@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
@@ -70,40 +69,12 @@ class Action:
 _FIELD_NAMES = tuple(f.name for f in fields(Action))
 
 
-def _setter(name: str) -> Callable[[Action, Any], None]:
-    """The field's own slot setter (its member descriptor's ``__set__``): what the frozen
-    dataclass's ``__init__`` reaches through ``object.__setattr__`` and a lookup by name."""
-    setter: Callable[[Action, Any], None] = vars(Action)[name].__set__
-    return setter
+class _Unfrozen:
+    """``Action``'s layout (the same slots, in the same order), without its frozen
+    ``__setattr__``: an action is made as one of these and then becomes an ``Action``
+    (``created_action``), which Python allows between classes of the same layout."""
 
-
-# In field order; one more or fewer field than these names fails the import.
-(
-    _set_id,
-    _set_kind,
-    _set_state,
-    _set_workspace_id,
-    _set_lane_key,
-    _set_idempotency_key,
-    _set_payload,
-    _set_subject_account_id,
-    _set_max_attempts,
-    _set_expires_at,
-    _set_attempt,
-    _set_epoch,
-    _set_available_at,
-    _set_lease_until,
-    _set_write_started_at,
-    _set_readback_ref,
-    _set_stop_reason,
-    _set_created_at,
-    _set_ended_at,
-    _set_retry_reason,
-    _set_earlier_write_at,
-    _set_priority,
-    _set_limit_key,
-    _set_created,
-) = map(_setter, _FIELD_NAMES)
+    __slots__ = Action.__slots__
 
 
 def created_action(
@@ -124,35 +95,39 @@ def created_action(
 ) -> Action:
     """The action an enqueue just inserted (no attempt yet, ``created``): ``Action(...)`` of
     these values (what the database made first, then what the request gave), the rest unset
-    (None, 0, ``created`` True), made in half the time.
+    (None, 0, ``created`` True), made in an eighth of the time.
 
     An enqueue of 1,000 makes 1,000 of them, and the frozen dataclass's ``__init__`` sets each
-    of 24 fields through ``object.__setattr__`` (a name looked up on the class, then the slot
-    set); this sets each slot with its own setter, once, before the action is returned. The
-    result is an ordinary ``Action``: equal, hashed and frozen as any other."""
-    action: Action = object.__new__(Action)
-    _set_id(action, id)
-    _set_kind(action, kind)
-    _set_state(action, state)
-    _set_workspace_id(action, workspace_id)
-    _set_lane_key(action, lane_key)
-    _set_idempotency_key(action, idempotency_key)
-    _set_payload(action, payload)
-    _set_subject_account_id(action, subject_account_id)
-    _set_max_attempts(action, max_attempts)
-    _set_expires_at(action, expires_at)
-    _set_attempt(action, 0)
-    _set_epoch(action, 0)
-    _set_available_at(action, available_at)
-    _set_lease_until(action, None)
-    _set_write_started_at(action, None)
-    _set_readback_ref(action, None)
-    _set_stop_reason(action, None)
-    _set_created_at(action, created_at)
-    _set_ended_at(action, None)
-    _set_retry_reason(action, None)
-    _set_earlier_write_at(action, None)
-    _set_priority(action, priority)
-    _set_limit_key(action, limit_key)
-    _set_created(action, True)
-    return action
+    of 24 fields through ``object.__setattr__`` (a call, and the name looked up on the class).
+    Here each slot is set as a plain attribute of an ``_Unfrozen`` (which the interpreter does
+    without a call), once, and the object's class is then made ``Action``, before anyone sees
+    it: the result is an ordinary ``Action``, equal, hashed and frozen as any other. Every field
+    must be set here (a test compares each with the dataclass's own)."""
+    action: Any = _Unfrozen()
+    action.id = id
+    action.kind = kind
+    action.state = state
+    action.workspace_id = workspace_id
+    action.lane_key = lane_key
+    action.idempotency_key = idempotency_key
+    action.payload = payload
+    action.subject_account_id = subject_account_id
+    action.max_attempts = max_attempts
+    action.expires_at = expires_at
+    action.attempt = 0
+    action.epoch = 0
+    action.available_at = available_at
+    action.lease_until = None
+    action.write_started_at = None
+    action.readback_ref = None
+    action.stop_reason = None
+    action.created_at = created_at
+    action.ended_at = None
+    action.retry_reason = None
+    action.earlier_write_at = None
+    action.priority = priority
+    action.limit_key = limit_key
+    action.created = True
+    action.__class__ = Action
+    made: Action = action  # (typed Any above: mypy knows no attributes of an _Unfrozen)
+    return made

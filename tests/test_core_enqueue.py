@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 from dataclasses import FrozenInstanceError, fields, replace
 from datetime import UTC, datetime, timedelta
@@ -254,8 +255,9 @@ def _sums(value: int, *, tuples: bool):
 
 
 def test_an_enqueued_action_is_made_as_the_dataclass_would_make_it():
-    # created_action sets the slots itself: each field must get its own value (each one here
-    # differs from every other), and the action must be an ordinary frozen Action.
+    # created_action sets the slots itself and then makes the object an Action: each field must
+    # get its own value (each one here differs from every other), and the action must be an
+    # ordinary frozen Action.
     when = [datetime(2030, 1, day, tzinfo=UTC) for day in (1, 2, 3)]
     given = (
         7, when[1], when[2], {"n": 1}, "NOTE", ActionState.PROPOSED, "w", "lane", "key", "acct",
@@ -292,6 +294,7 @@ def test_an_enqueued_action_is_made_as_the_dataclass_would_make_it():
     ]
     assert made == expected and repr(made) == repr(expected)
     assert hash(replace(made, payload=None)) == hash(replace(expected, payload=None))
+    assert pickle.loads(pickle.dumps(made)) == expected
     with pytest.raises(FrozenInstanceError):
         made.attempt = 1  # type: ignore[misc]
 
