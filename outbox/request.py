@@ -124,6 +124,9 @@ def _check_key(name: str, value: object) -> None:
 def _check_id(name: str, value: object) -> None:
     """A workspace, account or limit key id that is given: non-empty text or an integer (not a
     bool), checked as the text it is stored as."""
+    if type(value) is str and value:  # the common id: text, stored as it is
+        check_text(name, value)
+        return
     if (
         isinstance(value, bool)
         or not isinstance(value, (str, int))
