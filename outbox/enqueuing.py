@@ -17,7 +17,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from outbox._io import Operation, Statement
-from outbox.action import Action
+from outbox.action import Action, created_action
 from outbox.config import max_payload_bytes_from_env
 from outbox.connectors import run_async_on, run_sync_on
 from outbox.errors import ActionNotFound, IllegalTransition, InvalidActionRequest, UnknownKindError
@@ -66,77 +66,93 @@ def _params(request: ActionRequest, payload: str) -> dict[str, Any]:
     }
 
 
-def _created(
-    request: ActionRequest,
-    payload: Any,
-    id_: int,
-    available_at: datetime,
-    created_at: datetime,
-) -> Action:
-    """The action an insert made of ``request``: the statement returns only what the database
-    made (the id and the clock times); the rest is the request as the row stores it, and
-    ``payload`` the value its JSON decodes to, so no row is read back whole."""
-    proposal = request.proposal
-    return Action(
-        id=id_,
-        kind=request.kind_name,
-        state=ActionState.PROPOSED if proposal else ActionState.ADMITTED,
-        workspace_id=as_text(request.workspace_id),
-        lane_key=request.lane_key,
-        idempotency_key=request.idempotency_key,
-        payload=payload,
-        subject_account_id=as_text(request.subject_account_id),
-        max_attempts=request.max_attempts,
-        expires_at=utc(request.expires_at),
-        attempt=0,
-        epoch=0,
-        available_at=available_at,
-        lease_until=None,
-        write_started_at=None,
-        readback_ref=None,
-        stop_reason=None,
-        created_at=created_at,
-        ended_at=None,
-        priority=request.priority,
-        limit_key=as_text(request.limit_key),
-        created=True,
+#: A request as its row stores it, in ``created_action``'s order after the values the database
+#: makes (id, available_at, created_at): the payload (its checked copy), kind, state,
+#: workspace_id, lane_key, idempotency_key, subject_account_id, max_attempts, expires_at (in
+#: UTC), priority, limit_key. The action an insert made of the request is
+#: ``created_action(id, available_at, created_at, *stored)``: the statement returns only what the
+#: database made (the id and the clock times), the rest is the request as the row stores it and
+#: the payload the value its JSON decodes to, so no row is read back whole.
+_Stored = tuple[
+    Any, str, ActionState, str | None, str, str, str | None, int, datetime | None, int, str | None
+]
+
+
+def _stored(request: ActionRequest, payload: Any) -> _Stored:
+    """Made once a request: a batch's document and the action returned are both made of it."""
+    return (
+        payload,
+        request.kind_name,
+        ActionState.PROPOSED if request.proposal else ActionState.ADMITTED,
+        as_text(request.workspace_id),
+        request.lane_key,
+        request.idempotency_key,
+        as_text(request.subject_account_id),
+        request.max_attempts,
+        utc(request.expires_at),
+        request.priority,
+        as_text(request.limit_key),
     )
-
-
-#: The ``enqueue_many`` document's columns that may be left out: a column whose every value is
-#: null is (the statement reads a missing column as nulls).
-_OPTIONAL = ("workspace_id", "subject_account_id", "expires_at", "not_before", "limit_key")
-_BATCH_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def _stamp(value: datetime | None) -> str | None:
     return None if value is None else value.astimezone(UTC).isoformat()
 
 
+_BATCH_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def enqueue_many_document(requests: Sequence[ActionRequest], payloads: Sequence[str]) -> str:
+    """The ``enqueue_many`` statement's one parameter for ``requests`` (``payloads``: each
+    one's checked JSON); see ``_document``."""
+    return _document(
+        [_stored(r, None) for r in requests], [r.not_before for r in requests], payloads
+    )
+
+
+def _document(
+    stored: Sequence[_Stored], not_before: Sequence[datetime | None], payloads: Sequence[str]
+) -> str:
     """The ``enqueue_many`` statement's one parameter: the batch as a JSON object of columns,
     one array a field in request order (``payloads``: each request's checked JSON, spliced in
     as it is). One document, parsed by the server, instead of a dozen arrays the driver would
     encode element by element."""
-    columns: dict[str, list[Any]] = {
-        "kind": [r.kind_name for r in requests],
-        "state": [_state(r) for r in requests],
-        "lane_key": [r.lane_key for r in requests],
-        "idempotency_key": [r.idempotency_key for r in requests],
-        "max_attempts": [r.max_attempts for r in requests],
-        "priority": [r.priority for r in requests],
+    # The columns, by turning the requests' rows over (``zip``, in C); a state (a StrEnum) is
+    # written as its text.
+    (
+        _,
+        kinds,
+        states,
+        workspace_ids,
+        lane_keys,
+        keys,
+        subject_account_ids,
+        max_attempts,
+        expires_at,
+        priorities,
+        limit_keys,
+    ) = zip(*stored, strict=True) if stored else ((),) * 11
+    columns: dict[str, Sequence[Any]] = {
+        "kind": kinds,
+        "state": states,
+        "lane_key": lane_keys,
+        "idempotency_key": keys,
+        "max_attempts": max_attempts,
+        "priority": priorities,
     }
-    optional = {
-        "workspace_id": [as_text(r.workspace_id) for r in requests],
-        "subject_account_id": [as_text(r.subject_account_id) for r in requests],
-        "expires_at": [_stamp(r.expires_at) for r in requests],
-        "not_before": [_stamp(r.not_before) for r in requests],
-        "limit_key": [as_text(r.limit_key) for r in requests],
-    }
-    for name in _OPTIONAL:
-        values = optional[name]
-        if any(value is not None for value in values):
-            columns[name] = values
+    # A column whose every value is null is left out (the statement reads a missing column as
+    # nulls): the common batch gives none of these.
+    optional = (
+        ("workspace_id", workspace_ids),
+        ("subject_account_id", subject_account_ids),
+        ("expires_at", expires_at),
+        ("not_before", not_before),
+        ("limit_key", limit_keys),
+    )
+    for name, values in optional:
+        if values.count(None) < len(values):
+            times = name in ("expires_at", "not_before")
+            columns[name] = [_stamp(value) for value in values] if times else values
     return '{"payload":[' + ",".join(payloads) + "]," + _BATCH_JSON.encode(columns)[1:]
 
 
@@ -170,7 +186,7 @@ def enqueue_operation(
     rows = yield Statement(q["enqueue"], params, tuples=True)
     if rows:
         id_, available_at, created_at = rows[0]
-        return _created(request, payload, id_, available_at, created_at)
+        return created_action(id_, available_at, created_at, *_stored(request, payload))
     # Nothing inserted: either the key exists (a racing insert has committed by now, since
     # ON CONFLICT waited for it), or the request was refused by the kind table or the clock.
     rows = yield Statement(q["action_by_idempotency_key"], params)
@@ -201,22 +217,24 @@ def enqueue_many_operation(
     batch = list(requests)
     limit = max_payload_bytes_or_default(max_payload_bytes)
     checked: list[tuple[str, Any]] = []
+    # The position of the first request of each key.
+    firsts: dict[str, int] = {}
     for index, request in enumerate(batch):
         try:
             checked.append(request.checked(limit))
         except InvalidActionRequest as error:
             raise error.for_request(index) from None
+        firsts.setdefault(request.idempotency_key, index)
     if not batch:
         return []
     q = queries_for(schema)
-    # The position of the first request of each key.
-    firsts: dict[str, int] = {}
-    for index, request in enumerate(batch):
-        firsts.setdefault(request.idempotency_key, index)
-    sent = [batch[index] for index in firsts.values()]
-    params = {
-        "requests": enqueue_many_document(sent, [checked[index][0] for index in firsts.values()])
-    }
+    stored = {key: _stored(batch[index], checked[index][1]) for key, index in firsts.items()}
+    document = _document(
+        list(stored.values()),
+        [batch[index].not_before for index in firsts.values()],
+        [checked[index][0] for index in firsts.values()],
+    )
+    params = {"requests": document}
     found: dict[str, Action] = {}
     for _ in range(_ENQUEUE_MANY_TRIES):
         rows = yield Statement(q["enqueue_many"], params)
@@ -224,10 +242,7 @@ def enqueue_many_operation(
             created_at = made["created_at"]
             later = made["later"] or repeat(None)
             for id_, key, due in zip(made["ids"], made["keys"], later, strict=False):
-                index = firsts[key]
-                found[key] = _created(
-                    batch[index], checked[index][1], id_, due or created_at, created_at
-                )
+                found[key] = created_action(id_, due or created_at, created_at, *stored[key])
         missing = [key for key in firsts if key not in found]
         if not missing:
             break
@@ -252,6 +267,8 @@ def enqueue_many_operation(
         # our insert looked (or an action vanished); the batch is acceptable, so insert again.
     else:
         raise _vanished()
+    if len(firsts) == len(batch):  # no key repeated (the common batch): firsts is the batch
+        return [found[key] for key in firsts]
     actions: list[Action] = []
     seen: set[str] = set()
     for request in batch:

@@ -12,14 +12,17 @@ Every value the enqueue statement sends is checked here first, so that bad input
   non-string keys, no other types), no NUL and no lone surrogate in any string or key, and at
   most ``max_payload_bytes`` as compact UTF-8 JSON.
 
-The payload check runs in C for an acceptable payload (encode, decode, compare); only a refused
-one is walked in Python to say where it is bad.
+The payload check runs in C for an acceptable payload (encode, decode, compare); the common flat
+payload, a dict of strings, integers, booleans and nulls, is encoded and copied in a short Python
+loop instead, cheaper than the encoder's setup. Only a refused payload is walked in Python to say
+where it is bad.
 """
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from json.encoder import encode_basestring
 from typing import Any
 
 from outbox.errors import InvalidActionRequest
@@ -132,9 +135,16 @@ def checked_payload(payload: Any, max_bytes: int) -> tuple[str, Any]:
     if payload is None:
         raise InvalidActionRequest("payload", "must be JSON, not None (use {} for nothing)")
     try:
-        text = _JSON.encode(payload)
-        copy = json.loads(text)
-        exact = copy == payload
+        text = _flat_json(payload)
+        if text is not None:
+            # The common payload reads back from its JSON as itself (see _flat_json): copied,
+            # not decoded and compared.
+            copy: Any = dict(payload)
+            exact = True
+        else:
+            text = _JSON.encode(payload)
+            copy = json.loads(text)
+            exact = copy == payload
     except (TypeError, ValueError, RecursionError) as error:
         raise InvalidActionRequest("payload", f"is not JSON-serialisable: {error}") from None
     if not exact:
@@ -161,6 +171,40 @@ def checked_payload(payload: Any, max_bytes: int) -> tuple[str, Any]:
             "(OUTBOX_MAX_PAYLOAD_BYTES): keep identifiers in it, not documents",
         )
     return text, copy
+
+
+#: JSON's words for the flat payload's constants.
+_LITERALS = {True: "true", False: "false", None: "null"}
+
+
+def _flat_json(payload: Any) -> str | None:
+    """The compact JSON of the common payload, a ``dict`` (the exact type) of ``str`` keys and
+    values that are ``str``, ``int``, ``bool`` or None (exact types, no subclass), as ``_JSON``
+    writes it; None for any other payload, which ``_JSON`` encodes.
+
+    Each such key and value reads back from its JSON as an equal value of the same type, so the
+    payload needs no decoding and comparing, and ``dict(payload)`` is the copy ``json.loads``
+    would make (it shares nothing mutable: keys and values are immutable). Written here because
+    ``_JSON.encode`` spends a microsecond setting up before the first character, more than this
+    takes for a payload of a few fields. Strings go through ``_JSON``'s own escaping; an int
+    past Python's digit limit raises ``ValueError`` as in ``_JSON``. Lone surrogates and NULs
+    pass through, as they do ``_JSON``, to be refused on the text after it."""
+    if type(payload) is not dict:
+        return None
+    items = []
+    for key, value in payload.items():
+        if type(key) is not str:
+            return None
+        kind = type(value)
+        if kind is str:
+            items.append(f"{encode_basestring(key)}:{encode_basestring(value)}")
+        elif kind is int:
+            items.append(f"{encode_basestring(key)}:{value!r}")
+        elif kind is bool or value is None:
+            items.append(f"{encode_basestring(key)}:{_LITERALS[value]}")
+        else:
+            return None
+    return "{" + ",".join(items) + "}"
 
 
 def _surrogate(text: str) -> bool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
+from dataclasses import FrozenInstanceError, fields, replace
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -24,6 +26,7 @@ from outbox import (
     refuse,
 )
 from outbox._io import Statement, as_sent, run_async, run_sync
+from outbox.action import Action, created_action
 from tests.support import rows
 
 NOTE = ActionKind("NOTE")
@@ -249,6 +252,51 @@ def _sums(value: int, *, tuples: bool):
         "SELECT %(a)s::int + %(a)s::int AS twice, 7 %% 4 AS rest", {"a": value}, tuples=tuples
     )
     return rows
+
+
+def test_an_enqueued_action_is_made_as_the_dataclass_would_make_it():
+    # created_action sets the slots itself and then makes the object an Action: each field must
+    # get its own value (each one here differs from every other), and the action must be an
+    # ordinary frozen Action.
+    when = [datetime(2030, 1, day, tzinfo=UTC) for day in (1, 2, 3)]
+    given = (
+        7, when[1], when[2], {"n": 1}, "NOTE", ActionState.PROPOSED, "w", "lane", "key", "acct",
+        4, when[0], -3, "limit",
+    )  # fmt: skip
+    made = created_action(*given)
+    expected = Action(
+        id=7,
+        kind="NOTE",
+        state=ActionState.PROPOSED,
+        workspace_id="w",
+        lane_key="lane",
+        idempotency_key="key",
+        payload={"n": 1},
+        subject_account_id="acct",
+        max_attempts=4,
+        expires_at=when[0],
+        attempt=0,
+        epoch=0,
+        available_at=when[1],
+        lease_until=None,
+        write_started_at=None,
+        readback_ref=None,
+        stop_reason=None,
+        created_at=when[2],
+        ended_at=None,
+        priority=-3,
+        limit_key="limit",
+        created=True,
+    )
+    assert type(made) is Action
+    assert [getattr(made, f.name) for f in fields(Action)] == [
+        getattr(expected, f.name) for f in fields(Action)
+    ]
+    assert made == expected and repr(made) == repr(expected)
+    assert hash(replace(made, payload=None)) == hash(replace(expected, payload=None))
+    assert pickle.loads(pickle.dumps(made)) == expected
+    with pytest.raises(FrozenInstanceError):
+        made.attempt = 1  # type: ignore[misc]
 
 
 def test_a_statement_is_sent_with_numbered_placeholders_and_its_values_in_order():

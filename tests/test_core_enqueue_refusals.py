@@ -11,14 +11,17 @@ where integers go, NaN and infinity, tuples and non-string keys in payloads, hug
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
+from enum import IntEnum, StrEnum
 from typing import Any
+from unittest import mock
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from outbox import (
@@ -32,9 +35,15 @@ from outbox import (
     enqueue_many,
     enqueue_many_async,
     get_action,
+    request_checks,
 )
 from outbox.errors import ConfigurationError
-from outbox.request_checks import DEFAULT_MAX_PAYLOAD_BYTES, MAX_ATTEMPTS, MAX_KEY_BYTES
+from outbox.request_checks import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_ATTEMPTS,
+    MAX_KEY_BYTES,
+    checked_payload,
+)
 from tests.support import rows
 
 NOTE = ActionKind("NOTE")
@@ -417,6 +426,99 @@ def test_payload_refusal_says_where(outbox, conn, schema, payload, says) -> None
     with pytest.raises(InvalidActionRequest) as raised:
         enqueue(conn, request("k", payload=payload), schema=schema)
     assert raised.value.field == "payload" and says in raised.value.message
+
+
+class _Level(IntEnum):
+    HIGH = 2
+
+
+class _Colour(StrEnum):
+    RED = "red"
+
+
+class _Text(str):
+    pass
+
+
+class _General(dict):
+    """The same payload as a dict subclass: the check's general path (encode, decode, compare)."""
+
+
+#: Values of a flat payload (``checked_payload`` copies it instead of decoding its JSON): None,
+#: booleans, integers (either side of Python's digit limit), hostile text.
+flat_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.builds(lambda digits: -(10**digits), st.sampled_from([4299, 4300])),
+    hostile_text,
+)
+flat_payloads = st.dictionaries(
+    st.one_of(st.text(max_size=6), hostile_text),
+    st.one_of(flat_values, st.text(max_size=10)),
+    max_size=5,
+)
+#: Keys and values that make a payload not flat: what JSON cannot carry exactly, or reads back as
+#: another type, or a container.
+unflat_keys = st.one_of(st.integers(), st.booleans(), st.none())
+unflat_values = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([_Level.HIGH, _Colour.RED, _Text("sub"), (1, 2), [1, "a"], {"n": None}]),
+)
+#: Flat payloads, and flat payloads with one key or value that makes them not flat.
+payloads_flat_or_nearly = st.one_of(
+    flat_payloads,
+    st.builds(
+        lambda payload, key, value: {**payload, key: value}, flat_payloads, unflat_keys, flat_values
+    ),
+    st.builds(
+        lambda payload, key, value: {**payload, key: value},
+        flat_payloads,
+        st.text(max_size=6),
+        unflat_values,
+    ),
+)
+
+
+def _outcome(payload: Any, max_bytes: int) -> tuple[str, Any, Any]:
+    try:
+        return ("accepted", *checked_payload(payload, max_bytes))
+    except InvalidActionRequest as error:
+        return ("refused", error.field, error.message)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    payload=payloads_flat_or_nearly,
+    max_bytes=st.sampled_from([40, 2000, DEFAULT_MAX_PAYLOAD_BYTES]),
+)
+@example(payload={"a\x00": 1}, max_bytes=DEFAULT_MAX_PAYLOAD_BYTES)
+@example(payload={"k": "\ud800"}, max_bytes=DEFAULT_MAX_PAYLOAD_BYTES)
+@example(payload={"k": 10**4300}, max_bytes=DEFAULT_MAX_PAYLOAD_BYTES)
+@example(payload={"k": "x" * 40}, max_bytes=40)
+@example(payload={"s": "\\u0000", "t": True, "n": None, "i": -7}, max_bytes=40)
+@example(payload={}, max_bytes=40)
+def test_a_flat_payload_is_checked_without_decoding_as_any_payload_is(
+    payload: dict[Any, Any], max_bytes: int
+) -> None:
+    """A dict of str keys and str, int, bool or None values (exact types) is copied, not decoded
+    from its JSON; it is refused, or accepted with the same JSON and an equal copy, exactly as
+    the general path (encode, decode, compare) does with the same payload."""
+    flat = all(type(k) is str for k in payload) and all(
+        type(v) in (str, int, bool, type(None)) for v in payload.values()
+    )
+    with mock.patch.object(request_checks, "json", wraps=json) as spy:
+        got = _outcome(payload, max_bytes)
+    if flat:
+        assert not spy.loads.called
+    general = _outcome(_General(payload), max_bytes)
+    event(f"{'flat' if flat else 'not flat'}: {got[0]}")
+    assert got == general
+    if got[0] == "accepted":
+        copy = got[2]
+        assert type(copy) is dict and copy is not payload
+        types = [(type(k), type(v)) for k, v in copy.items()]
+        assert types == [(type(k), type(v)) for k, v in general[2].items()]
 
 
 def test_escaped_nul_spelled_out_in_text_is_not_a_nul(outbox, conn, schema) -> None:
