@@ -47,8 +47,8 @@ def _claimed(rows: list[dict[str, Any]]) -> list[ClaimedAction]:
     return [ClaimedAction(Action.from_row(row), row["lease_left"]) for row in rows]
 
 
-#: Most lane-intake rows one claim folds into the lane rows before it reads them. A newsletter
-#: of 100,000 enqueues is folded over that many claims (each a few tens of milliseconds).
+#: Most lanes one claim folds from the lane intake into the lane rows before it reads them. A
+#: newsletter of 100,000 lanes is folded over that many claims (each a few tens of milliseconds).
 INTAKE_BATCH = 5000
 
 
@@ -60,7 +60,7 @@ FAIR_KEYS_PER_CLAIM = 32
 
 @dataclass(frozen=True, slots=True)
 class Intake:
-    """What a claim's first statement said: how many lane-intake rows it folded, and which
+    """What a claim's first statement said: how many lanes it took off the intake, and which
     kinds an operator paused (none of their actions is claimed)."""
 
     folded: int
@@ -68,7 +68,7 @@ class Intake:
 
 
 def intake_operation(schema: str) -> Operation[Intake]:
-    """Folds up to ``INTAKE_BATCH`` lane-intake rows into the lane rows; returns how many, and
+    """Folds up to ``INTAKE_BATCH`` lanes of the intake into the lane rows; returns how many, and
     the paused kinds."""
     rows = yield Statement(queries_for(schema)["lane_intake"], {"limit": INTAKE_BATCH})
     return Intake(int(rows[0]["folded"]), frozenset(rows[0]["paused"]))

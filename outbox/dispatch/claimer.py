@@ -69,7 +69,7 @@ class Round:
     #: What each kind whose claims are consumed asked for (probing kinds are not listed).
     limits: dict[str, int] = field(default_factory=dict)
     in_flight: dict[str, int] = field(default_factory=dict)
-    #: Lane-intake rows this round folded; a full batch means more are waiting.
+    #: Lanes this round took off the intake; a full batch means more are waiting.
     folded: int = 0
     #: The kinds an operator paused, as this round read them.
     paused: frozenset[str] = frozenset()

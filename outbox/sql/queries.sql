@@ -125,9 +125,9 @@ UPDATE {schema}.agent_action
 RETURNING *, false AS created
 
 -- name: lane_intake
--- Folds up to `limit` lane-intake rows (what enqueues, admits, refusals, expiries and erasures
--- left) into the lane rows, before a claim reads them (function in migration 0005). Never waits
--- on a lane row; returns how many intake rows it folded, and the kinds an operator paused (read
+-- Folds up to `limit` lanes of the lane intake (what enqueues, admits, refusals, expiries and
+-- erasures left) into the lane rows, before a claim reads them (function in migration 0015).
+-- Never waits on a lane row; returns how many lanes it took, and the kinds an operator paused (read
 -- here, in a statement every claim runs anyway, so a pause costs the claim nothing).
 SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
        (SELECT coalesce(array_agg(p.kind), '{}') FROM {schema}.agent_action_kind_pause p)
