@@ -310,7 +310,7 @@ def test_real_processes_two_claimers_two_workers_keep_the_rate_at_the_provider(
         written = [
             row[0]
             for row in conn.execute(
-                f'SELECT extract(epoch FROM written_at)::float8 FROM "{rig.schema}".dispatch_effect'
+                f'SELECT extract(epoch FROM called_at)::float8 FROM "{rig.schema}".dispatch_effect'
             )
         ]
     assert len(written) == 100

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
@@ -47,7 +48,7 @@ CREATE TABLE IF NOT EXISTS {s}.dispatch_call (
 CREATE TABLE IF NOT EXISTS {s}.dispatch_effect (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     action_id bigint NOT NULL, marker text NOT NULL, epoch bigint NOT NULL,
-    written_at timestamptz NOT NULL DEFAULT clock_timestamp());
+    called_at timestamptz NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp());
 CREATE TABLE IF NOT EXISTS {s}.dispatch_stall (
     message_id text NOT NULL, args text NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp());
@@ -134,10 +135,13 @@ class RecordingAdapter:
             await asyncio.sleep(payload["sleep"])
         if not await attempt.fence().begin_write():
             return Abandoned()
+        # The provider's clock: when the call starts, what a provider's rate window counts (the
+        # write below waits for a connection of this app's small pool first).
+        called_at = datetime.now(UTC)
         rows = await p.execute(
-            "INSERT INTO {s}.dispatch_effect (action_id, marker, epoch) VALUES (%s, %s, %s)"
-            " RETURNING id",
-            (attempt.id, attempt.idempotency_key, attempt.epoch),
+            "INSERT INTO {s}.dispatch_effect (action_id, marker, epoch, called_at)"
+            " VALUES (%s, %s, %s, %s) RETURNING id",
+            (attempt.id, attempt.idempotency_key, attempt.epoch, called_at),
         )
         if payload.get("hang_after_write_attempt") == attempt.attempt:
             await asyncio.sleep(3600)  # until the test kills this worker
