@@ -1,7 +1,7 @@
 """``wal``: the write-ahead log PostgreSQL writes per action, phase by phase (docs/scaling.md).
 
 WAL is what a primary ships to its replicas and archives, and what bounds its write throughput
-before CPU does; its position (``pg_current_wal_lsn()``) moves for the whole cluster, so this
+before CPU does; its position (``pg_current_wal_insert_lsn()``) moves for the whole cluster, so this
 scenario runs on a private server of its own (``benchmarks.chaos.servers``: nobody else's writes
 counted) with ``full_page_writes`` on, as in production, and reads the records between a phase's
 two positions back with ``pg_waldump --stats`` (records, and the bytes of full-page images).
@@ -89,16 +89,20 @@ def measured(server: WalPostgres, work: Callable[[], None]) -> dict[str, float]:
     full-page image bytes as pg_waldump counts them) and its seconds, after a checkpoint."""
     with psycopg.connect(server.url, autocommit=True) as conn:
         conn.execute("CHECKPOINT")
-        (start,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()  # type: ignore[misc]
+        # The insert position, not pg_current_wal_lsn() (the write position): with commits
+        # that do not wait for a flush, a small phase's records can still sit in the WAL
+        # buffers when it ends, and the write position would not have moved.
+        (start,) = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()  # type: ignore[misc]
         started = time.perf_counter()
         work()
         seconds = time.perf_counter() - started
-        (end,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()  # type: ignore[misc]
+        (end,) = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()  # type: ignore[misc]
+        conn.execute("CHECKPOINT")  # every record up to the end on disk, for pg_waldump
         (wal_bytes,) = conn.execute(  # type: ignore[misc]
             "SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", (end, start)
         ).fetchone()
     if wal_bytes == 0:
-        # pg_waldump refuses an empty range, and a phase of a tiny --scale can write nothing.
+        # pg_waldump refuses an empty range.
         return {"bytes": 0.0, "records": 0.0, "fpi_bytes": 0.0, "s": seconds}
     waldump = [str(PG_BIN / "pg_waldump"), "-p", str(server.data / "pg_wal"), "--stats"]
     dump = subprocess.run(
