@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
+import socket
+import subprocess
 import threading
 import time
 from datetime import timedelta
@@ -32,6 +35,7 @@ from outbox.dispatch.consumption import ConsumptionWatch
 from outbox.dispatch.wake import WAKE_KEEP, WAKE_TTL_MS, wake_key
 from outbox.fence_token import FenceToken
 from outbox.queries import queries_for
+from tests.services import missing_service
 
 LEASE = timedelta(seconds=30)
 
@@ -522,3 +526,73 @@ def test_a_message_that_is_not_pairs_is_refused_by_name() -> None:
     assert FenceToken.to_args([FenceToken(1, 2), FenceToken(3, 4)]) == (1, 2, 3, 4)
     with pytest.raises(ValueError, match=r"\(action_id, epoch\) pairs, got 3 values"):
         FenceToken.from_args((1, 2, 3))
+
+
+@pytest.fixture
+def own_redis_url(tmp_path: Any) -> Any:
+    """A Redis server of this test's own (its scripts are flushed, which the shared one's
+    other users must not see), on a free port, gone afterwards."""
+    if shutil.which("redis-server") is None:
+        missing_service("redis-server not installed (a private Redis is started)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis.from_url(url).ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_a_push_costs_one_redis_round_trip_and_survives_a_script_flush(
+    make_outbox: Any, schema: str, own_redis_url: str
+) -> None:
+    outbox, kind = _outbox(make_outbox, schema, actions_per_message=1)
+    dispatch = install(outbox, broker_from_url(own_redis_url))
+    client = redis.Redis.from_url(own_redis_url)
+    queue = f"dramatiq:{dispatch.actors[kind].queue_name}"
+
+    def calls(command: str) -> int:
+        stats = client.info("commandstats").get(f"cmdstat_{command}")
+        return int(stats["calls"]) if stats else 0
+
+    # A fresh server knows no script: the first push loads it, the messages go once.
+    dispatch.push_many([(kind, FenceToken(i, 1)) for i in range(1, 4)])
+    assert client.llen(queue) == 3
+    client.config_resetstat()
+    dispatch.push_many([(kind, FenceToken(i, 1)) for i in range(4, 7)])
+    assert client.llen(queue) == 6
+    assert calls("script|exists") == 0, "a push asked Redis whether it knows the script"
+    assert calls("evalsha") == 3
+    # Redis lost its scripts (as after a restart): the push loads the script again.
+    client.script_flush()
+    dispatch.push_many([(kind, FenceToken(i, 1)) for i in range(7, 9)])
+    assert client.llen(queue) == 8
+    ids = [int(m.split(b'"args":[')[1].split(b",")[0]) for m in client.hvals(queue + ".msgs")]
+    assert sorted(ids) == list(range(1, 9))

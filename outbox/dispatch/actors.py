@@ -20,6 +20,7 @@ import dramatiq
 from dramatiq import Actor, Broker, Message
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
+from redis.exceptions import NoScriptError
 
 from outbox.dispatch.broker import default_broker
 from outbox.dispatch.fabric import batches, deliver, even_chunks
@@ -94,22 +95,45 @@ class Dispatch:
         take) or leave them to their leases.
         """
         messages = self.messages(items)
-        pipelined = _pipelined_redis(self.broker)
-        if pipelined is None:
+        if not _push_pipelined(self.broker, messages):
             self._enqueue_and_wake(messages)
-            return messages
-        broker, pipe = pipelined
-        with pipe:
-            for message in messages:
-                broker.enqueue(message)
-            # The wake tokens ride in the same round trip, after the messages they announce.
-            wake_consumers(self.broker, queue_counts(messages), pipe)
-            pipe.execute()
         return messages
 
 
-def _pipelined_redis(broker: Broker) -> tuple[Broker, Any] | None:
-    """A view of a ``RedisBroker`` whose enqueues go into a fresh Redis pipeline, or None.
+def _push_pipelined(broker: Broker, messages: list[Message[Any]]) -> bool:
+    """Enqueues ``messages`` and their wake tokens in one Redis round trip; False (nothing
+    sent) for a broker that is not a ``RedisBroker`` of the internals ``_pipelined_redis``
+    knows.
+
+    The dispatch script runs by its hash alone: a pipeline that registers a script asks
+    Redis whether it knows it first (``SCRIPT EXISTS``), a round trip of its own on every
+    push. A Redis that lost its scripts (a restart, ``SCRIPT FLUSH``) refuses every
+    ``EVALSHA`` of the pipeline alike, so none of its messages went: the script is loaded
+    again and the pipeline sent once more (a twin message of an epoch, should one have gone
+    after all, is dropped by the worker's take)."""
+    for last_try in (False, True):
+        pipelined = _pipelined_redis(broker)
+        if pipelined is None:
+            return False
+        view, pipe, script = pipelined
+        with pipe:
+            for message in messages:
+                view.enqueue(message)
+            # The wake tokens ride in the same round trip, after the messages they announce.
+            wake_consumers(broker, queue_counts(messages), pipe)
+            try:
+                pipe.execute()
+                return True
+            except NoScriptError:
+                if last_try:
+                    raise
+                script.sha = script.registered_client.script_load(script.script)
+    return True  # pragma: no cover - the loop returns or raises
+
+
+def _pipelined_redis(broker: Broker) -> tuple[Broker, Any, Any] | None:
+    """A view of a ``RedisBroker`` whose enqueues go into a fresh Redis pipeline, the
+    pipeline and the broker's dispatch script; or None.
 
     Relies on ``RedisBroker``'s internals (its ``dispatch`` script and ``_dispatch``, as of
     Dramatiq 2.x); any other broker, or a version without them, gets None and single pushes.
@@ -119,15 +143,16 @@ def _pipelined_redis(broker: Broker) -> tuple[Broker, Any] | None:
     try:
         script = broker.scripts["dispatch"]
         pipe = broker.client.pipeline(transaction=False)
+
+        def dispatch(keys: list[Any], args: list[Any]) -> Any:
+            return pipe.evalsha(script.sha, len(keys), *keys, *args)
+
         view: Any = copy.copy(broker)  # internals the stubs do not declare
-        view.scripts = {
-            **broker.scripts,
-            "dispatch": lambda keys, args: script(keys=keys, args=args, client=pipe),
-        }
+        view.scripts = {**broker.scripts, "dispatch": dispatch}
         view.do_enqueue = view._dispatch("enqueue")
     except (AttributeError, KeyError, TypeError):
         return None
-    return view, pipe
+    return view, pipe, script
 
 
 class OutboxRuntimeMiddleware(Middleware):

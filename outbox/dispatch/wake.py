@@ -11,8 +11,10 @@ differently: a consumer that found its queue empty blocks on its queue's wake li
 bounded by the same backoff), and whatever pushes for the outbox (``wake_consumers``, in the
 claimer's push pipeline) adds a token there, one a message. The token stays until a consumer
 pops it, so a push made while no consumer waits is not lost: the next wait returns at once.
-A wake-up only makes a consumer look sooner; a message pushed without one (another client, a
-requeue of a dead worker's messages) is still found by the backoff, as before.
+A consumer that found its queue empty waits the whole ``worker_timeout`` for a token (Dramatiq's
+own backoff reaches that bound after a few empty looks): a message pushed without one (another
+client, a requeue of a dead worker's messages) is found by the next look, at most that long
+after, as by an idle Dramatiq consumer.
 
 Relies on ``_RedisConsumer`` and ``RedisBroker.do_fetch`` (Dramatiq 2.x); without them the URL
 gives a plain ``RedisBroker`` (``waking_redis_broker_class``), which polls.
@@ -123,9 +125,11 @@ else:
             self.message_cache = self.broker.do_fetch(self.queue_name, room)
             if self.message_cache:
                 return True
-            self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
+            # The whole timeout at once, not Dramatiq's backoff from 5 ms: a push comes with a
+            # token, and the backoff's short waits cost an idle consumer of a pool that runs
+            # a message every few tens of ms a fetch and a wait each (a third of its CPU).
             # BLPOP's timeout 0 would block for ever: wait at least a millisecond.
-            wait = min(max(backoff_ms, 1) / 1000, MAX_WAKE_WAIT)
+            wait = min(max(self.timeout, 1) / 1000, MAX_WAKE_WAIT)
             if self.broker.client.blpop([self.wake_key], timeout=wait) is not None:
                 # Woken: the next call fetches at once, with no backoff carried over.
                 self.misses = 0
