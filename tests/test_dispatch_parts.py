@@ -596,3 +596,33 @@ def test_a_push_costs_one_redis_round_trip_and_survives_a_script_flush(
     assert client.llen(queue) == 8
     ids = [int(m.split(b'"args":[')[1].split(b",")[0]) for m in client.hvals(queue + ".msgs")]
     assert sorted(ids) == list(range(1, 9))
+
+
+def test_an_idle_consumer_looks_at_its_queue_once_a_timeout_not_on_a_backoff(
+    make_outbox: Any, schema: str, redis_url: str, clean_redis: None
+) -> None:
+    outbox, kind = _outbox(make_outbox, schema)
+    dispatch = install(outbox, broker_from_url(redis_url))
+    consumer = dispatch.broker.consume(dispatch.actors[kind].queue_name, prefetch=4, timeout=1000)
+    fetches: list[float] = []
+    fetch = consumer.broker.do_fetch
+
+    def counted(*args: Any) -> Any:
+        fetches.append(time.monotonic())
+        return fetch(*args)
+
+    consumer.broker.do_fetch = counted
+    try:
+        dispatch.push_many([(kind, FenceToken(1, 1))])
+        deadline = time.monotonic() + 5
+        while next(consumer) is None:
+            assert time.monotonic() < deadline, "the consumer never got the message"
+        # Idle now: Dramatiq's backoff would look again after 5, 10, 20, ... ms (7 looks in
+        # the next 0.8 s); a consumer woken by tokens looks once and waits for one.
+        fetches.clear()
+        idle_until = time.monotonic() + 0.8
+        while time.monotonic() < idle_until:
+            assert next(consumer) is None
+    finally:
+        consumer.close()
+    assert len(fetches) <= 2, f"{len(fetches)} looks at an idle queue in 0.8 s"
