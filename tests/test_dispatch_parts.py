@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import shutil
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 from hypothesis import given
 from hypothesis import strategies as st
+from psycopg import AsyncClientCursor
 
 from outbox import ActionKind, ActionRequest, ConfigurationError, Done, Outbox, Settings
 from outbox._io import Statement, run_async
@@ -319,6 +321,34 @@ async def test_a_claim_round_commits_without_waiting_for_its_wal_flush(
         after = await (await conn.execute("SHOW synchronous_commit")).fetchone()
     assert inside == [{"synchronous_commit": "off"}], "the claim round's commit waited"
     assert after == ("on",), "the setting outlived the claim round"
+
+
+async def test_a_rounds_opening_query_is_bound_once_and_follows_its_bounds(
+    make_outbox: Any, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outbox, _ = _outbox(make_outbox, schema)
+    bound: list[str] = []
+    mogrify = AsyncClientCursor.mogrify
+
+    def counted(self: Any, query: Any, params: Any = None) -> str:
+        bound.append(str(query))
+        return mogrify(self, query, params)
+
+    monkeypatch.setattr(AsyncClientCursor, "mogrify", counted)
+    first = Statement(
+        "SELECT current_setting('lock_timeout') AS lock_timeout, %(n)s::int AS n", {"n": 7}
+    )
+    longer = dataclasses.replace(outbox.settings, claim_lock_timeout=timedelta(seconds=7))
+    seen = []
+    async with outbox.store() as store, store.connection() as conn:
+        for settings in (outbox.settings, outbox.settings, longer):
+            seen.append(await open_claim_round(conn, schema, settings, first))
+            await conn.rollback()
+        other = await open_claim_round(conn, schema, longer, Statement(first.sql, {"n": 8}))
+        await conn.rollback()
+    assert len(bound) == 3 * 3, "a round bound its unchanged opening query again"
+    assert seen[0] == seen[1] != seen[2] == [{"lock_timeout": "7s", "n": 7}]
+    assert other == [{"lock_timeout": "7s", "n": 8}]
 
 
 async def test_a_rounds_counts_come_after_the_lock_and_see_what_its_holder_claimed(
