@@ -656,3 +656,42 @@ def test_an_idle_consumer_looks_at_its_queue_once_a_timeout_not_on_a_backoff(
     finally:
         consumer.close()
     assert len(fetches) <= 2, f"{len(fetches)} looks at an idle queue in 0.8 s"
+
+
+def test_a_trickle_of_pushes_costs_one_fetch_a_message(
+    make_outbox: Any, schema: str, redis_url: str, clean_redis: None
+) -> None:
+    outbox, kind = _outbox(make_outbox, schema)
+    dispatch = install(outbox, broker_from_url(redis_url))
+    consumer = dispatch.broker.consume(dispatch.actors[kind].queue_name, prefetch=4, timeout=1000)
+    fetches: list[float] = []
+    fetch = consumer.broker.do_fetch
+
+    def counted(*args: Any) -> Any:
+        fetches.append(time.monotonic())
+        return fetch(*args)
+
+    def trickle() -> None:
+        for i in range(1, 11):
+            time.sleep(0.05)
+            dispatch.push_many([(kind, FenceToken(i, 1))])
+
+    consumer.broker.do_fetch = counted
+    pusher = threading.Thread(target=trickle)
+    got: list[int] = []
+    try:
+        pusher.start()
+        deadline = time.monotonic() + 10
+        while len(got) < 10 and time.monotonic() < deadline:
+            # As Dramatiq's consumer thread: it looks again as soon as it handed a message on.
+            message = next(consumer)
+            if message is not None:
+                got.append(message.args[0])
+                consumer.ack(message)
+    finally:
+        pusher.join(10)
+        consumer.close()
+    assert got == list(range(1, 11))
+    # A fetch that got fewer than it asked for drained the queue: the next message's token
+    # comes first, not another fetch that finds nothing.
+    assert len(fetches) <= 12, f"{len(fetches)} fetches for 10 messages"

@@ -7,14 +7,13 @@ after half a backoff on average: hundreds of ms at the default, and a pool run a
 ``worker_timeout``: at 10 ms, 64 idle threads cost half a core).
 
 The outbox's own Redis broker (``WakingRedisBroker``, what ``OUTBOX_BROKER_URL`` builds) waits
-differently: a consumer that found its queue empty blocks on its queue's wake list (``BLPOP``,
-bounded by the same backoff), and whatever pushes for the outbox (``wake_consumers``, in the
-claimer's push pipeline) adds a token there, one a message. The token stays until a consumer
-pops it, so a push made while no consumer waits is not lost: the next wait returns at once.
-A consumer that found its queue empty waits the whole ``worker_timeout`` for a token (Dramatiq's
-own backoff reaches that bound after a few empty looks): a message pushed without one (another
-client, a requeue of a dead worker's messages) is found by the next look, at most that long
-after, as by an idle Dramatiq consumer.
+differently: a consumer that found its queue empty, or took fewer messages than it asked for,
+blocks on its queue's wake list (``BLPOP``) for the whole ``worker_timeout``, and whatever pushes
+for the outbox (``wake_consumers``, in the claimer's push pipeline) adds a token there, one a
+message. The token stays until a consumer pops it, so a push made while no consumer waits is not
+lost: the next wait returns at once. A message pushed without one (another client, a requeue of
+a dead worker's messages) is found by the look after the wait, at most ``worker_timeout`` later,
+as by an idle Dramatiq consumer (its backoff reaches that bound after a few empty looks).
 
 Relies on ``_RedisConsumer`` and ``RedisBroker.do_fetch`` (Dramatiq 2.x); without them the URL
 gives a plain ``RedisBroker`` (``waking_redis_broker_class``), which polls.
@@ -94,6 +93,9 @@ else:
         def __init__(self, broker: Any, queue_name: str, prefetch: int, timeout: int) -> None:
             super().__init__(broker, queue_name, prefetch, timeout)
             self.wake_key = wake_key(broker.namespace, queue_name)
+            #: The last fetch found the queue empty or got fewer messages than it asked for:
+            #: what comes next comes with a token, so the next look waits for one first.
+            self.drained = False
 
         def __next__(self) -> MessageProxy | None:
             # Dramatiq's own __next__ (2.x) but for the wait after an empty fetch.
@@ -113,8 +115,9 @@ else:
                 raise ConnectionClosed(error) from None
 
         def _fetch_or_wait(self) -> bool:
-            """Fetches what the prefetch allows (True if anything came); else waits, for a wake
-            token or the backoff, and returns False, as Dramatiq's consumer after its sleep."""
+            """Fetches what the prefetch allows (True if anything came), unless the last fetch
+            drained the queue; else waits, for a wake token or the timeout, and returns False,
+            as Dramatiq's consumer after its sleep."""
             room = self.prefetch - self.outstanding_message_count
             if room <= 0:
                 self.misses, backoff_ms = compute_backoff(
@@ -122,9 +125,13 @@ else:
                 )
                 time.sleep(backoff_ms / 1000)
                 return False
-            self.message_cache = self.broker.do_fetch(self.queue_name, room)
-            if self.message_cache:
-                return True
+            if not self.drained:
+                self.message_cache = self.broker.do_fetch(self.queue_name, room)
+                # Fewer than asked for: the queue was empty at the fetch (a fetch a message,
+                # in a pool that runs a message every few ms, was a fourth of its Redis calls).
+                self.drained = len(self.message_cache) < room
+                if self.message_cache:
+                    return True
             # The whole timeout at once, not Dramatiq's backoff from 5 ms: a push comes with a
             # token, and the backoff's short waits cost an idle consumer of a pool that runs
             # a message every few tens of ms a fetch and a wait each (a third of its CPU).
@@ -133,6 +140,9 @@ else:
             if self.broker.client.blpop([self.wake_key], timeout=wait) is not None:
                 # Woken: the next call fetches at once, with no backoff carried over.
                 self.misses = 0
+            # Woken or not, the next call fetches: after a timeout it finds what came without
+            # a token.
+            self.drained = False
             return False
 
     _WakingConsumer = _WakingConsumerImpl
