@@ -83,15 +83,18 @@ $$;
 -- function agent_action_kinds_waiting(text[])
 
 CREATE FUNCTION outbox.agent_action_kinds_waiting(p_kinds text[]) RETURNS text[]
-    LANGUAGE sql
+    LANGUAGE plpgsql
     SET search_path TO 'outbox'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
+BEGIN
     -- One probe of ix_agent_action_lane_ready a kind: its first entry, due or scheduled.
-    SELECT coalesce(array_agg(k.kind), '{}')
-      FROM unnest(p_kinds) AS k(kind)
-     WHERE EXISTS (SELECT 1 FROM agent_action_lane l
-                    WHERE l.head_kind = k.kind
-                      AND l.executing_id IS NULL AND l.head_due_at IS NOT NULL)
+    RETURN (SELECT coalesce(array_agg(k.kind), '{}')
+              FROM unnest(p_kinds) AS k(kind)
+             WHERE EXISTS (SELECT 1 FROM agent_action_lane l
+                            WHERE l.head_kind = k.kind
+                              AND l.executing_id IS NULL AND l.head_due_at IS NOT NULL));
+END;
 $$;
 
 -- function agent_action_lane_intake(integer)
@@ -99,6 +102,7 @@ $$;
 CREATE FUNCTION outbox.agent_action_lane_intake(p_limit integer) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'outbox'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     batch bigint[];
@@ -106,16 +110,17 @@ DECLARE
     keys text[];
     holds timestamptz[];
     fresh text[];
-    folded text[] := '{}';
-    skipped text[];
+    existing text[];
+    existing_holds timestamptz[];
+    folded text[];
     taken integer;
     lane record;
 BEGIN
     IF NOT pg_try_advisory_xact_lock(2831, hashtext(current_schema())) THEN
         RETURN 0;
     END IF;
-    -- The rows this fold takes from, and how many of each row's lanes (a prefix).
-    SELECT array_agg(t.seq), array_agg(t.take) INTO batch, takes
+    -- The rows this fold takes from, and how many of each row's lanes (a prefix), as in 0015.
+    SELECT array_agg(t.seq), array_agg(t.take), sum(t.take) INTO batch, takes, taken
       FROM (SELECT p.seq, max(p.take)::integer AS take
               FROM (SELECT w.seq, least(w.lanes, p_limit - w.before) AS take
                       FROM (SELECT i.seq, i.lanes,
@@ -126,9 +131,6 @@ BEGIN
                                      ORDER BY priority DESC, seq LIMIT p_limit) i) w
                      WHERE w.before < p_limit
                     UNION ALL
-                    -- The newest too: a small transaction that committed after a newsletter's
-                    -- is not left behind its 100,000 lanes (fairness, and the latency of a
-                    -- single send).
                     SELECT r.seq, least(r.lanes, 64)
                       FROM (SELECT seq, lanes FROM agent_action_lane_intake
                              ORDER BY seq DESC LIMIT 64) r) p
@@ -145,9 +147,17 @@ BEGIN
                    unnest(coalesce(i.lane_keys[1:b.take], ARRAY[i.lane_key])) AS u(lane_key)
              GROUP BY u.lane_key) k;
 
-    SELECT coalesce(array_agg(k.lane_key), '{}') INTO fresh
-      FROM unnest(keys) AS k(lane_key)
-     WHERE NOT EXISTS (SELECT 1 FROM agent_action_lane l WHERE l.lane_key = k.lane_key);
+    -- Which lanes have a row (refreshed below) and which are fresh (made here), one index
+    -- probe a lane.
+    SELECT coalesce(array_agg(k.lane_key ORDER BY k.lane_key) FILTER (WHERE l.lane_key IS NULL),
+                    '{}'),
+           coalesce(array_agg(k.lane_key ORDER BY k.lane_key) FILTER (WHERE l.lane_key IS NOT NULL),
+                    '{}'),
+           coalesce(array_agg(k.hold ORDER BY k.lane_key) FILTER (WHERE l.lane_key IS NOT NULL),
+                    '{}')
+      INTO fresh, existing, existing_holds
+      FROM unnest(keys, holds) AS k(lane_key, hold)
+      LEFT JOIN agent_action_lane l ON l.lane_key = k.lane_key;
     INSERT INTO agent_action_lane
         (lane_key, head_id, head_kind, head_due_at, head_priority, head_limit_key)
     SELECT f.lane_key, h.id, h.kind, CASE WHEN h.state = 'ADMITTED' THEN h.available_at END,
@@ -166,9 +176,8 @@ BEGIN
 
     FOR lane IN
         SELECT l.lane_key, k.hold
-          FROM agent_action_lane l
-          JOIN unnest(keys, holds) AS k(lane_key, hold) ON k.lane_key = l.lane_key
-         WHERE NOT (l.lane_key = ANY (fresh))
+          FROM unnest(existing, existing_holds) AS k(lane_key, hold)
+          JOIN agent_action_lane l ON l.lane_key = k.lane_key
          ORDER BY l.lane_key
            FOR UPDATE OF l SKIP LOCKED
     LOOP
@@ -181,7 +190,6 @@ BEGIN
         folded := folded || lane.lane_key;
     END LOOP;
 
-    SELECT sum(t) INTO taken FROM unnest(takes) AS t;
     IF cardinality(folded) = cardinality(keys) THEN
         -- Every lane taken was folded: a row taken whole leaves, a row taken in part keeps the
         -- lanes after its prefix.
@@ -194,8 +202,20 @@ BEGIN
          WHERE i.seq = b.seq AND i.lanes > b.take;
         RETURN taken;
     END IF;
+    RETURN agent_action_lane_intake_held(batch, takes, keys, folded, taken);
+END;
+$$;
 
-    -- Some lanes' rows were held (by a finish): their entries stay for the next claim.
+-- function agent_action_lane_intake_held(bigint[], integer[], text[], text[], integer)
+
+CREATE FUNCTION outbox.agent_action_lane_intake_held(batch bigint[], takes integer[], keys text[], folded text[], taken integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox'
+    SET plan_cache_mode TO 'auto'
+    AS $$
+DECLARE
+    skipped text[];
+BEGIN
     SELECT array_agg(k.lane_key) INTO skipped
       FROM unnest(keys) AS k(lane_key)
      WHERE NOT EXISTS (SELECT 1 FROM unnest(folded) AS f(lane_key) WHERE f.lane_key = k.lane_key);
@@ -305,6 +325,7 @@ $$;
 CREATE FUNCTION outbox.agent_action_lanes_moved() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'outbox'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     keys text[];

@@ -269,3 +269,24 @@ def test_a_lane_out_of_step_with_its_actions_is_always_still_in_the_intake(
             break
     assert intake(conn, s) == []
     assert lane_rows(conn, s) == expected_lanes(conn, s)
+
+
+def test_the_lane_functions_plan_their_statements_once_a_session(
+    ob: Any, database_url: str, schema: str
+) -> None:
+    """A custom plan a call (PL/pgSQL's default for a statement given an array variable of one
+    element) was half the fold's and the lane tracker's time: they keep generic plans, all of
+    whose statements stay linear in the arrays; only the fold's slow path, which compares two
+    arrays, plans for their lengths."""
+    with psycopg.connect(database_url) as conn:
+        config = dict(
+            conn.execute(
+                "SELECT p.proname, p.proconfig FROM pg_proc p"
+                " JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s",
+                (schema,),
+            ).fetchall()
+        )
+    generic = ["agent_action_lane_intake", "agent_action_lanes_moved", "agent_action_kinds_waiting"]
+    for name in generic:
+        assert "plan_cache_mode=force_generic_plan" in (config[name] or []), name
+    assert "plan_cache_mode=auto" in config["agent_action_lane_intake_held"]
