@@ -7,10 +7,9 @@ import argparse
 import asyncio
 import dataclasses
 import shutil
-import socket
-import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -26,6 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from psycopg import AsyncClientCursor
 
+from benchmarks.chaos.servers import REDIS_SERVER, PrivateRedis
 from outbox import ActionKind, ActionRequest, ConfigurationError, Done, Outbox, Settings
 from outbox._io import Statement, run_async
 from outbox.dispatch import Claimer, broker_from_url, default_broker, install
@@ -559,45 +559,13 @@ def test_a_message_that_is_not_pairs_is_refused_by_name() -> None:
 
 
 @pytest.fixture
-def own_redis_url(tmp_path: Any) -> Any:
+def own_redis_url() -> Iterator[str]:
     """A Redis server of this test's own (its scripts are flushed, which the shared one's
-    other users must not see), on a free port, gone afterwards."""
-    if shutil.which("redis-server") is None:
-        missing_service("redis-server not installed (a private Redis is started)")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                redis.Redis.from_url(url).ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        yield url
-    finally:
-        server.terminate()
-        server.wait(10)
+    other users must not see)."""
+    if shutil.which(REDIS_SERVER) is None:
+        missing_service(f"{REDIS_SERVER} not installed (a private Redis is started)")
+    with PrivateRedis() as server:
+        yield server.url
 
 
 def test_a_push_costs_one_redis_round_trip_and_survives_a_script_flush(
@@ -628,12 +596,8 @@ def test_a_push_costs_one_redis_round_trip_and_survives_a_script_flush(
     assert sorted(ids) == list(range(1, 9))
 
 
-def test_an_idle_consumer_looks_at_its_queue_once_a_timeout_not_on_a_backoff(
-    make_outbox: Any, schema: str, redis_url: str, clean_redis: None
-) -> None:
-    outbox, kind = _outbox(make_outbox, schema)
-    dispatch = install(outbox, broker_from_url(redis_url))
-    consumer = dispatch.broker.consume(dispatch.actors[kind].queue_name, prefetch=4, timeout=1000)
+def _counted_fetches(consumer: Any) -> list[float]:
+    """When each fetch of ``consumer`` (its broker's ``do_fetch``) started, from now on."""
     fetches: list[float] = []
     fetch = consumer.broker.do_fetch
 
@@ -642,6 +606,16 @@ def test_an_idle_consumer_looks_at_its_queue_once_a_timeout_not_on_a_backoff(
         return fetch(*args)
 
     consumer.broker.do_fetch = counted
+    return fetches
+
+
+def test_an_idle_consumer_looks_at_its_queue_once_a_timeout_not_on_a_backoff(
+    make_outbox: Any, schema: str, redis_url: str, clean_redis: None
+) -> None:
+    outbox, kind = _outbox(make_outbox, schema)
+    dispatch = install(outbox, broker_from_url(redis_url))
+    consumer = dispatch.broker.consume(dispatch.actors[kind].queue_name, prefetch=4, timeout=1000)
+    fetches = _counted_fetches(consumer)
     try:
         dispatch.push_many([(kind, FenceToken(1, 1))])
         deadline = time.monotonic() + 5
@@ -664,19 +638,13 @@ def test_a_trickle_of_pushes_costs_one_fetch_a_message(
     outbox, kind = _outbox(make_outbox, schema)
     dispatch = install(outbox, broker_from_url(redis_url))
     consumer = dispatch.broker.consume(dispatch.actors[kind].queue_name, prefetch=4, timeout=1000)
-    fetches: list[float] = []
-    fetch = consumer.broker.do_fetch
-
-    def counted(*args: Any) -> Any:
-        fetches.append(time.monotonic())
-        return fetch(*args)
+    fetches = _counted_fetches(consumer)
 
     def trickle() -> None:
         for i in range(1, 11):
             time.sleep(0.05)
             dispatch.push_many([(kind, FenceToken(i, 1))])
 
-    consumer.broker.do_fetch = counted
     pusher = threading.Thread(target=trickle)
     got: list[int] = []
     try:
