@@ -256,29 +256,39 @@ WITH RECURSIVE expired AS (
      LIMIT (SELECT n FROM room)
 ), heads AS (
     -- One primary-key probe a candidate (a lateral lock is never turned into a scan of the
-    -- whole lane table, which a join's row estimate could choose).
+    -- whole lane table, which a join's row estimate could choose). The tests of this probe,
+    -- and of the action's below, are written `(...) IS TRUE`, which the planner cannot match
+    -- to a partial index's predicate: planned while the statistics say the tables are empty (a
+    -- new outbox's first burst), a scan of ix_agent_action_lane_ready, or of the due actions,
+    -- looked as cheap as the probe, and ran once a candidate.
     SELECT h.head_id
       FROM candidates c
      CROSS JOIN LATERAL (
            SELECT l.head_id
              FROM {schema}.agent_action_lane l
             WHERE l.lane_key = c.lane_key
-              AND l.executing_id IS NULL
+              AND (l.executing_id IS NULL) IS TRUE
               AND l.head_id = c.head_id
-              AND l.head_due_at <= now()
+              AND (l.head_due_at <= now()) IS TRUE
               AND (l.busy_until IS NULL OR l.busy_until <= now())
               FOR UPDATE OF l SKIP LOCKED) h
 ), ready AS (
     SELECT a.id
       FROM heads
       JOIN {schema}.agent_action a ON a.id = heads.head_id
-     WHERE a.state = 'ADMITTED'
+     -- The lane row may lag its intake (a concurrent transaction's earlier id committed after
+     -- this head was folded): the head is its lane's first waiting action among what
+     -- committed, found by one probe of ix_agent_action_lane_waiting (ordered by id, so a
+     -- plan never reads the lane's, or every lane's, waiting actions to compare).
+     CROSS JOIN LATERAL (
+           SELECT b.id
+             FROM {schema}.agent_action b
+            WHERE b.lane_key = a.lane_key AND b.state IN ('PROPOSED', 'ADMITTED')
+            ORDER BY b.id
+            LIMIT 1) first
+     WHERE (a.state = 'ADMITTED') IS TRUE
        AND (a.expires_at IS NULL OR a.expires_at > now())
-       -- The lane row may lag its intake (a concurrent transaction's earlier id committed
-       -- after this head was folded): one index probe keeps id order among what committed.
-       AND NOT EXISTS (SELECT 1 FROM {schema}.agent_action b
-                        WHERE b.lane_key = a.lane_key AND b.state IN ('PROPOSED', 'ADMITTED')
-                          AND b.id < a.id)
+       AND first.id = a.id
        FOR UPDATE OF a SKIP LOCKED  -- a head an application's erasure holds is left
 ), claimed AS (
     UPDATE {schema}.agent_action a
