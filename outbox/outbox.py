@@ -26,6 +26,7 @@ from outbox.migrate import MigrationReport, migrate
 from outbox.observers import ExecutorObserver, LogObserver
 from outbox.request import ActionRequest
 from outbox.store import ClaimedAction, Store
+from outbox.warmup import warm_connection
 
 
 def default_observers() -> list[ExecutorObserver]:
@@ -136,11 +137,17 @@ class Outbox:
         if pool is not None:
             yield Store(pool, self.schema, self.settings.lease)
             return
+        schema, lease = self.schema, self.settings.lease
+
+        async def warm(conn: psycopg.AsyncConnection[Any]) -> None:
+            await warm_connection(conn, schema, lease)
+
         own = AsyncConnectionPool(
             self.settings.require_database_url(),
             min_size=1,
             max_size=self.settings.pool_size,
             kwargs={"autocommit": True, **CONNECTION_OPTIONS},
+            configure=warm,
             open=False,
         )
         await own.open(wait=True)
