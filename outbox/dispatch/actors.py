@@ -111,24 +111,28 @@ def _push_pipelined(broker: Broker, messages: list[Message[Any]]) -> bool:
     ``EVALSHA`` of the pipeline alike, so none of its messages went: the script is loaded
     again and the pipeline sent once more (a twin message of an epoch, should one have gone
     after all, is dropped by the worker's take)."""
-    for last_try in (False, True):
-        pipelined = _pipelined_redis(broker)
-        if pipelined is None:
-            return False
-        view, pipe, script = pipelined
-        with pipe:
-            for message in messages:
-                view.enqueue(message)
-            # The wake tokens ride in the same round trip, after the messages they announce.
-            wake_consumers(broker, queue_counts(messages), pipe)
-            try:
-                pipe.execute()
-                return True
-            except NoScriptError:
-                if last_try:
-                    raise
-                script.sha = script.registered_client.script_load(script.script)
-    return True  # pragma: no cover - the loop returns or raises
+    pipelined = _pipelined_redis(broker)
+    if pipelined is None:
+        return False
+    try:
+        _send_pipelined(broker, pipelined, messages)
+    except NoScriptError:
+        script = pipelined[2]
+        script.sha = script.registered_client.script_load(script.script)
+        _send_pipelined(broker, pipelined, messages)
+    return True
+
+
+def _send_pipelined(
+    broker: Broker, pipelined: tuple[Broker, Any, Any], messages: list[Message[Any]]
+) -> None:
+    view, pipe, _ = pipelined
+    with pipe:  # leaving it resets the pipeline, which a second send then fills afresh
+        for message in messages:
+            view.enqueue(message)
+        # The wake tokens ride in the same round trip, after the messages they announce.
+        wake_consumers(broker, queue_counts(messages), pipe)
+        pipe.execute()
 
 
 def _pipelined_redis(broker: Broker) -> tuple[Broker, Any, Any] | None:

@@ -84,7 +84,7 @@ async def open_claim_round(
 
 
 #: Opening queries kept bound: a claimer's are the same every round (its bounds, its kinds), and
-#: binding the values client-side is a tenth of its CPU a round. Bounded, as a key holds the
+#: binding the values client-side was about 7% of its CPU a round. Bounded, as a key holds the
 #: first statement's values.
 _OPENINGS_KEPT = 64
 _openings: dict[tuple[str, ...], str] = {}
