@@ -156,3 +156,35 @@ async def test_a_batch_one_callers_row_fails_fails_only_that_caller():
     assert results[:2] == [10, 20] and results[3:] == [30, 40]
     assert isinstance(results[2], psycopg.errors.NumericValueOutOfRange)
     assert writer.statements < 5, "the callers never shared a statement"
+
+
+async def test_callers_that_arrive_while_a_statement_runs_share_the_next_one():
+    """One statement of a sort at a time: every caller that arrives while it runs waits for it
+    and then goes in a single next statement, never in a second one started alongside (which
+    split the callers into smaller batches, each paying a statement's fixed cost)."""
+    from outbox.batching import GroupWriter
+
+    running = asyncio.Event()
+    release = asyncio.Event()
+    batches: list[list[int]] = []
+
+    async def many(params):
+        batches.append(list(params))
+        running.set()
+        await release.wait()
+        return {p: p for p in params}
+
+    async def one(p):
+        return (await many([p]))[p]
+
+    writer = GroupWriter("test", many, one, key=lambda p: p)
+    first = asyncio.ensure_future(writer(0))
+    await running.wait()
+    later = [asyncio.ensure_future(writer(i)) for i in range(1, 6)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert batches == [[0]], "a second statement started while the first ran"
+    release.set()
+    assert await asyncio.gather(first, *later) == [0, 1, 2, 3, 4, 5]
+    assert batches == [[0], [1, 2, 3, 4, 5]]
+    assert writer.statements == 2
