@@ -177,6 +177,37 @@ def test_a_starting_process_is_live_not_ready_and_a_gone_one_counts_for_nothing(
     assert not list(tmp_path.glob("claimer-*"))
 
 
+def test_threads_poking_one_process_health_at_once_never_fail_its_file(tmp_path: Path) -> None:
+    """A worker's consumer threads and its loop poke the same health, and a readiness change
+    writes the file at once: concurrent writes must neither fail (a consumer thread crashed on
+    a temporary file another write had moved) nor leave a torn file."""
+    import threading
+
+    health = ProcessHealth("worker", 5.0, HealthFile(tmp_path, "worker"))
+    errors: list[BaseException] = []
+
+    def poke(part: str) -> None:
+        try:
+            for i in range(500):
+                # Each flip of readiness writes the file.
+                if i % 2:
+                    health.ok(part)
+                else:
+                    health.trouble(part, "down")
+        except BaseException as error:  # collected: a thread's exception is otherwise lost
+            errors.append(error)
+
+    # One part for all: its every flip changes the process's readiness, which writes at once.
+    threads = [threading.Thread(target=poke, args=("consumer",)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[:3]
+    (written,) = tmp_path.glob("worker-*.json")
+    assert json.loads(written.read_text())["role"] == "worker"
+
+
 # -- real processes ----------------------------------------------------------------------------
 
 

@@ -125,8 +125,9 @@ class ProcessHealth:
             if now - self._written_at < WRITE_EVERY and ready == self._written_ready:
                 return
             self._written_at, self._written_ready = now, ready
-            snapshot = self._snapshot()
-        self.file.write(snapshot)
+            # Written under the lock: two threads writing at once shared the temporary file, and
+            # the second one's replace found it gone (which crashed a Dramatiq consumer thread).
+            self.file.write(self._snapshot())
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -150,7 +151,8 @@ class ProcessHealth:
     def publish(self) -> None:
         """Writes the file now (at start, so a probe sees a starting process)."""
         if self.file is not None:
-            self.file.write(self.snapshot())
+            with self._lock:
+                self.file.write(self._snapshot())
 
     def close(self) -> None:
         """At a clean stop: the file goes (a probe then finds no process of the role)."""
