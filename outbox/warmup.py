@@ -1,5 +1,5 @@
-"""A new connection of the executing side runs an attempt's statements once, touching no row,
-before it serves.
+"""A new connection of the executing side runs a claim's and an attempt's statements once,
+touching no row, before it serves.
 
 A PostgreSQL backend's first run of a statement loads the catalog entries of every table,
 index, trigger and function it touches and compiles the trigger functions it fires (the lane
@@ -72,7 +72,8 @@ def _statements(lease: timedelta) -> dict[str, dict[str, Any]]:
 
 
 async def warm_connection(conn: AsyncConnection[Any], schema: str, lease: timedelta) -> None:
-    """Runs (and prepares) each statement of an attempt once on ``conn``, changing nothing."""
+    """Runs (and prepares) a claim's and each of an attempt's statements once on ``conn``,
+    changing nothing."""
     queries = queries_for(schema)
     for name, params in _statements(lease).items():
         try:
