@@ -333,9 +333,14 @@ DECLARE
     idle text[];
     locked integer;
 BEGIN
-    -- One plain query first: a fence's or a take's statement (nothing moved) ends here. Each
-    -- row's old and new version are paired by grouping both tables on the id, not by a join:
-    -- see the header.
+    -- A take's, a fence's or a reclaim's statement (every row EXECUTING before and after)
+    -- moved no lane and ends here: two scans that each stop at the first row of another state.
+    IF NOT EXISTS (SELECT 1 FROM new_actions n WHERE n.state <> 'EXECUTING')
+       AND NOT EXISTS (SELECT 1 FROM old_actions o WHERE o.state <> 'EXECUTING') THEN
+        RETURN NULL;
+    END IF;
+    -- Each row's old and new version are paired by grouping both tables on the id, not by a
+    -- join (0014).
     SELECT array_agg(DISTINCT m.lane_key ORDER BY m.lane_key)
                FILTER (WHERE m.new_state = 'EXECUTING' OR m.old_state = 'EXECUTING'),
            array_agg(m.lane_key)

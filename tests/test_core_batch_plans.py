@@ -296,6 +296,28 @@ def _trigger_plans(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
     return plans
 
 
+#: The lane tracker's query that pairs each row's old and new version (migration 0014).
+_PAIRING = "GROUP BY v.id"
+
+
+def test_the_lane_tracker_pairs_no_rows_for_a_take_or_a_fence(claimed, database_url, schema):
+    """A take and a fence keep every row EXECUTING: the lane tracker ends at its first look,
+    without pairing the rows' versions; a finish, which moves lanes, is still paired."""
+    params = _batch_params(claimed[:MAX_BATCH])
+    q = queries_for(schema)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        plans = _trigger_plans(conn)
+        for name in ("take_attempts", "begin_writes"):
+            assert len(conn.execute(q[name], params[name]).fetchall()) == MAX_BATCH
+        paired = [p["Query Text"] for p in plans if _PAIRING in p["Query Text"]]
+        assert paired == [], paired
+        looked = [p for p in plans if "old_actions" in p["Query Text"]]
+        assert len(looked) == 2, [p["Query Text"] for p in plans]
+        assert all(_visited(p["Plan"]) <= 2 * MAX_BATCH + PER_STATEMENT for p in looked)
+        assert len(conn.execute(q["finish_many"], params["finish_many"]).fetchall()) == MAX_BATCH
+        assert any(_PAIRING in p["Query Text"] for p in plans)
+
+
 def test_the_lane_tracker_stays_linear_after_a_small_first_statement(
     make_outbox, database_url, schema
 ):
@@ -315,7 +337,7 @@ def test_the_lane_tracker_stays_linear_after_a_small_first_statement(
                     conn, claim_operation(schema, {"NOTE": limit}, LEASE, take=False)
                 )
             assert len(claimed) == limit
-    tracked = [p for p in plans if "old_actions" in p["Query Text"]]
+    tracked = [p for p in plans if _PAIRING in p["Query Text"]]
     assert len(tracked) == 2, [p["Query Text"] for p in plans]
     batch_plan = tracked[-1]["Plan"]
     assert _visited(batch_plan) <= PER_ROW * MAX_BATCH + PER_STATEMENT, json.dumps(
