@@ -166,6 +166,7 @@ class Case:
                     "take": False,
                     # The statement of a claim: it reclaims and walks the limit keys itself.
                     "reclaim": True,
+                    "heads": True,
                     "keys": None,
                     "after": "",
                     "walk": FAIR_KEYS_PER_CLAIM,

@@ -116,12 +116,10 @@ def claim_operation(
             continue
         params = {"kind": kind, "limit": limit, "lease": lease, "take": take}
         reclaim = reclaims_of is None or kind in reclaims_of
-        if kind in reclaims_only:
-            if reclaim:
-                claimed.extend(_claimed((yield Statement(q["claim_reclaims"], params))))
-        else:
+        heads = kind not in reclaims_only
+        if heads or reclaim:
             claimed.extend(
-                (yield from _claim_heads(q, params, limit, caps.get(kind), last, reclaim))
+                (yield from _claim_heads(q, params, limit, caps.get(kind), last, reclaim, heads))
             )
     return claimed
 
@@ -133,14 +131,17 @@ def _claim_heads(
     key_cap: int | None,
     cursor: dict[str, str],
     reclaim: bool = True,
+    heads: bool = True,
 ) -> Operation[list[ClaimedAction]]:
     """Up to ``left`` actions of one kind: its reclaims (unless ``reclaim`` is False), then due
-    heads, a fair share of each limit key's. One statement reclaims, walks the keys (after the
-    one ``cursor`` holds for the kind) and claims; a second only when the first left room."""
+    heads (unless ``heads`` is False), a fair share of each limit key's. One statement reclaims,
+    walks the keys (after the one ``cursor`` holds for the kind) and claims; a second only when
+    the first left room."""
     kind = params["kind"]
-    heads = {
+    statement = {
         **params,
         "reclaim": reclaim,
+        "heads": heads,
         "keys": None,
         "after": cursor.get(kind, ""),
         "walk": min(left, FAIR_KEYS_PER_CLAIM),
@@ -148,7 +149,7 @@ def _claim_heads(
         "limit": left,
         "key_cap": key_cap,
     }
-    rows = yield Statement(q["claim_heads"], heads)
+    rows = yield Statement(q["claim_heads"], statement)
     claimed = _claimed([row for row in rows if row["id"] is not None])
     keys: list[str] | None = rows[0]["walked"] if rows else None
     if not keys:
@@ -158,8 +159,8 @@ def _claim_heads(
     # A second pass when the first left room: some keys had fewer due heads than their share,
     # so the others may take more (claimed lanes are executing now, so nothing is taken twice).
     if len(keys) > 1 and claimed and left > 0:
-        heads = {**heads, "reclaim": False, "keys": keys, "per_key": left, "limit": left}
-        rows = yield Statement(q["claim_heads"], heads)
+        statement = {**statement, "reclaim": False, "keys": keys, "per_key": left, "limit": left}
+        rows = yield Statement(q["claim_heads"], statement)
         claimed.extend(_claimed([row for row in rows if row["id"] is not None]))
     return claimed
 

@@ -57,6 +57,7 @@ def _statements(lease: timedelta) -> dict[str, dict[str, Any]]:
             "lease": lease,
             "take": False,
             "reclaim": False,
+            "heads": True,
             "keys": None,
             "after": "",
             "walk": 1,

@@ -79,6 +79,7 @@ def claim_buffers(conn, schema: str, limit: int = 100) -> tuple[int, int, int]:
                 "take": False,
                 # Every action here is of workspace 'w': one limit key, its whole share.
                 "reclaim": True,
+                "heads": True,
                 "keys": ["w"],
                 "after": "",
                 "walk": 1,

@@ -80,7 +80,7 @@ def test_a_round_sends_claim_statements_only_for_kinds_with_work(make_outbox, co
     time.sleep(1.2)  # the three leases run out unconsumed: the next round reclaims them
     probe, sent = _round(ob, schema, kinds, timedelta(seconds=30))
     assert len(probe.claimed) == 1  # a probe: no worker took the last claims
-    assert sent == ["claim_round_state", "claim_reclaims"], sent
+    assert sent == ["claim_round_state", "claim_heads"], sent
 
 
 class _SlowTurn(MaintenanceService):

@@ -292,6 +292,41 @@ def test_a_claim_reclaims_walks_the_keys_and_claims_in_one_statement(make_outbox
     assert statements_of_a_claim(conn, schema, 6) == ["lane_intake", "claim_heads"]
 
 
+def probe_now(conn, schema: str, limit: int) -> list[ClaimedAction]:
+    """The claim of a kind a stalled claimer only probes (``reclaims_only``), committed."""
+    from outbox._io import run_sync
+    from outbox.store import claim_operation
+
+    op = claim_operation(schema, {NOTE.name: limit}, LEASE, take=False, reclaims_only={NOTE.name})
+    with conn.transaction():
+        return run_sync(conn, op)
+
+
+def test_a_kind_only_probed_gets_its_expired_claims_back_and_no_waiting_head(
+    make_outbox, conn, schema
+):
+    """A kind whose claims no worker takes (a stalled claimer probes it) is claimed again only
+    where a lease ran out: a waiting head, due and idle, stays where it is."""
+    ob = build(make_outbox)
+    enqueue_many(conn, [req(f"l{i}", f"k{i}") for i in range(3)], schema=schema)
+    conn.commit()
+    first = claim_now(ob, 2)
+    assert len(first) == 2
+    assert probe_now(conn, schema, 5) == []
+    conn.execute(
+        f"UPDATE \"{schema}\".agent_action SET lease_until = now() - interval '1 second'"
+        " WHERE id = %s",
+        (first[0].action.id,),
+    )
+    conn.commit()
+    again = probe_now(conn, schema, 5)
+    assert [(c.action.id, c.action.epoch) for c in again] == [
+        (first[0].action.id, first[0].action.epoch + 1)
+    ]
+    # The head is still there for a claim of the kind.
+    assert len(claim_now(ob, 5)) == 1
+
+
 def test_the_round_robin_moves_past_keys_a_cap_fills(make_outbox, conn, schema):
     """A claim that finds every walked key at its cap claims nothing, yet the next claim of the
     same claimer starts after them, so the keys beyond the walk are reached."""

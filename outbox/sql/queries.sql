@@ -152,8 +152,13 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
 -- (not one of its own) so that a claim is one round trip; every row returned carries the keys
 -- claimed over (`walked`, for the caller's round robin), and a claim that found nothing returns
 -- one row of NULLs with them.
--- With `reclaim`, the kind's reclaims (as claim_reclaims) come first, in the same statement
--- (one round trip a claim): up to `limit` of them, and the heads fill what they left.
+-- With `reclaim`, the kind's reclaims come first, in the same statement (one round trip a
+-- claim): executing actions whose lease expired are claimed again at once, without waiting for
+-- their lane, so a lane whose holder crashed does not stall; never an at-most-once action whose
+-- write started, nor one whose last attempt ran (housekeeping ends those); a claim that no
+-- worker took spent no attempt, whatever the count. Up to `limit` of them, and the heads fill
+-- what they left; without `heads`, only the reclaims (a kind whose claims a stalled claimer
+-- only probes): no key is walked and no head claimed.
 WITH RECURSIVE expired AS (
     SELECT a.id
       FROM {schema}.agent_action a
@@ -181,7 +186,8 @@ WITH RECURSIVE expired AS (
               a.retry_reason, a.created_at, a.ended_at, a.priority, a.limit_key,
               a.lease_until - now() AS lease_left
 ), room AS (
-    SELECT %(limit)s::int - count(*)::int AS n FROM reclaimed
+    SELECT CASE WHEN %(heads)s THEN %(limit)s::int - count(*)::int ELSE 0 END AS n
+      FROM reclaimed
 ), walk(k, first, n) AS (
     SELECT s.k, s.k, 1
       FROM (SELECT coalesce(
@@ -194,7 +200,7 @@ WITH RECURSIVE expired AS (
                     AND l.head_kind = %(kind)s
                   ORDER BY l.head_limit_key LIMIT 1)) AS k
              OFFSET 0) s  -- as in the step below
-     WHERE s.k IS NOT NULL AND %(keys)s::text[] IS NULL
+     WHERE s.k IS NOT NULL AND %(keys)s::text[] IS NULL AND %(heads)s
     UNION ALL
     SELECT x.k, w.first, w.n + 1
       FROM walk w
@@ -307,38 +313,6 @@ WITH RECURSIVE expired AS (
 SELECT c.*, w.keys AS walked
   FROM walked w
   LEFT JOIN (SELECT * FROM reclaimed UNION ALL SELECT * FROM claimed) c ON true
-
--- name: claim_reclaims
--- Executing actions whose lease expired are claimed again at once, without waiting for their
--- lane: a lane whose holder crashed does not stall. (claim_heads does the same first; this
--- runs alone for a kind whose claims a stalled claimer only probes.) Never an at-most-once action whose write
--- started, nor one whose last attempt ran (housekeeping ends those). A claim that no worker
--- took spent no attempt, whatever the count. `take` as for claim_heads.
-WITH expired AS (
-    SELECT a.id
-      FROM {schema}.agent_action a
-     WHERE a.state = 'EXECUTING'
-       AND a.lease_until <= now()
-       AND a.kind = %(kind)s
-       AND (a.taken_epoch IS DISTINCT FROM a.epoch OR a.attempt < a.max_attempts)
-       AND (a.write_started_at IS NULL OR a.kind IN (
-                SELECT k.name FROM {schema}.agent_action_kind k WHERE NOT k.at_most_once))
-     ORDER BY a.lease_until
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE {schema}.agent_action a
-   SET epoch = a.epoch + 1, lease_until = now() + %(lease)s,
-       attempt = a.attempt + %(take)s::int,
-       taken_epoch = CASE WHEN %(take)s THEN a.epoch + 1 ELSE a.taken_epoch END
-  FROM expired
- WHERE a.id = expired.id
-RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
-          CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
-          a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
-          a.write_started_at, a.earlier_write_at, a.readback_ref, a.stop_reason,
-          a.retry_reason, a.created_at, a.ended_at, a.priority, a.limit_key,
-          a.lease_until - now() AS lease_left
 
 -- name: end_lost_leases
 -- Executing actions whose lease expired and that may not run again end: an at-most-once one
@@ -479,12 +453,12 @@ SELECT set_config('lock_timeout', %(lock_timeout)s, true),
 -- name: claim_round_state
 -- A dispatch claim round's first look, once it holds the claim lock: folds the lane intake (as
 -- lane_intake, with the paused kinds) and counts each kind's claimed and unfinished actions (as
--- executing_by_kind, as a JSON array, with how many leases ran out: what claim_reclaims would
--- take) in one statement, one round trip. `waiting`: which of `kinds` have a lane head waiting
--- (migration 0013: it runs after the fold and sees its heads), so the round sends no claim
--- statement for a kind with nothing to claim. The counts read the statement's snapshot, taken after the lock was
--- granted (never in the statement that waits for it), so they include every claim another
--- claimer committed before.
+-- executing_by_kind, as a JSON array, with how many leases ran out: what claim_heads' reclaims
+-- would take) in one statement, one round trip. `waiting`: which of `kinds` have a lane head
+-- waiting (migration 0013: it runs after the fold and sees its heads), so the round sends no
+-- claim statement for a kind with nothing to claim. The counts read the statement's snapshot,
+-- taken after the lock was granted (never in the statement that waits for it), so they include
+-- every claim another claimer committed before.
 SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
        (SELECT coalesce(array_agg(p.kind), '{}') FROM {schema}.agent_action_kind_pause p)
            AS paused,
