@@ -44,15 +44,16 @@ def _already_encoded(data: str) -> str:
     return data
 
 
-def _state(request: ActionRequest) -> str:
-    return (ActionState.PROPOSED if request.proposal else ActionState.ADMITTED).value
+def _state(request: ActionRequest) -> ActionState:
+    """A new action's state: PROPOSED for a proposal (it waits to be admitted), else ADMITTED."""
+    return ActionState.PROPOSED if request.proposal else ActionState.ADMITTED
 
 
 def _params(request: ActionRequest, payload: str) -> dict[str, Any]:
     """One request as the ``enqueue`` statement's parameters; ``payload`` is its JSON."""
     return {
         "kind": request.kind_name,
-        "state": _state(request),
+        "state": _state(request).value,
         "workspace_id": as_text(request.workspace_id),
         "lane_key": request.lane_key,
         "idempotency_key": request.idempotency_key,
@@ -83,7 +84,7 @@ def _stored(request: ActionRequest, payload: Any) -> _Stored:
     return (
         payload,
         request.kind_name,
-        ActionState.PROPOSED if request.proposal else ActionState.ADMITTED,
+        _state(request),
         as_text(request.workspace_id),
         request.lane_key,
         request.idempotency_key,
@@ -100,14 +101,6 @@ def _stamp(value: datetime | None) -> str | None:
 
 
 _BATCH_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-
-
-def enqueue_many_document(requests: Sequence[ActionRequest], payloads: Sequence[str]) -> str:
-    """The ``enqueue_many`` statement's one parameter for ``requests`` (``payloads``: each
-    one's checked JSON); see ``_document``."""
-    return _document(
-        [_stored(r, None) for r in requests], [r.not_before for r in requests], payloads
-    )
 
 
 def _document(

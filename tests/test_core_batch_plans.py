@@ -23,7 +23,7 @@ import pytest
 from outbox import ActionKind, ActionRequest, enqueue_many
 from outbox._io import run_sync
 from outbox.batching import MAX_BATCH
-from outbox.enqueuing import enqueue_many_document
+from outbox.enqueuing import enqueue_many_operation
 from outbox.queries import queries_for
 from outbox.store import claim_operation
 
@@ -251,9 +251,9 @@ def test_enqueue_many_visits_a_request_a_few_times(make_outbox, database_url, sc
         enqueue_many(conn, requests[::2], schema=schema)
         conn.commit()
         n = len(requests)
-        document = enqueue_many_document(requests, [r.checked()[0] for r in requests])
-        params = {"requests": document}
-        plan = generic_plan(conn, queries_for(schema)["enqueue_many"], params)
+        # The statement enqueue_many sends first, with its parameters, as the operation makes it.
+        statement = next(enqueue_many_operation(schema, requests))
+        plan = generic_plan(conn, statement.sql, dict(statement.params or {}))
     [insert] = _nodes(plan, "ModifyTable")
     assert insert["Actual Rows"] == n // 2, plan
     assert _visited(plan) <= PER_ROW * n + PER_STATEMENT, json.dumps(plan, indent=1)
