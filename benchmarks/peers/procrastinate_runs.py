@@ -39,7 +39,9 @@ from benchmarks.rig import IDLE_SETTLE, REPO, Rig, paced, rig, wait_until
 from outbox.dispatch.processes import OutboxProcess
 
 
-async def _install(schema: str) -> None:
+async def install(schema: str) -> None:
+    """Creates ``schema`` and procrastinate's tables in it, its events stamped by the clock of
+    the statement that makes them."""
     with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     app = make_app(schema, pool_size=1)
@@ -84,7 +86,7 @@ async def _defer_paced(schema: str, n: int) -> dict[int, float]:
 def run_latency(scale: Scale) -> list[Result]:
     n = scale.n(300, 3_000, floor=20)  # as ``latency``
     with bench_schema("procrastinate_latency") as schema, rig(schema) as r:
-        asyncio.run(_install(schema))
+        asyncio.run(install(schema))
         _start_workers(r, schema)
         committed = asyncio.run(_defer_paced(schema, n))
         with redis.Redis.from_url(REDIS_URL) as client:
@@ -129,7 +131,9 @@ def _ended(watch: psycopg.Connection[Any], schema: str) -> int:
     return row[0] if row else 0
 
 
-def _records(watch: psycopg.Connection[Any], schema: str) -> list[lanes.Record]:
+def records(watch: psycopg.Connection[Any], schema: str) -> list[lanes.Record]:
+    """Every job as a ``lanes.Record``: its lock, and its events' times (deferred, started,
+    succeeded)."""
     rows = watch.execute(
         f"""SELECT j.lock, j.id, j.status::text,
                    count(*) FILTER (WHERE e.type = 'started'),
@@ -148,7 +152,7 @@ def _records(watch: psycopg.Connection[Any], schema: str) -> list[lanes.Record]:
 
 def _lanes_once(name: str, n: int, lane_count: int) -> Result:
     with bench_schema(f"procrastinate_{name}") as schema, rig(schema) as r:
-        asyncio.run(_install(schema))
+        asyncio.run(install(schema))
         _start_workers(r, schema)
         with psycopg.connect(DATABASE_URL, autocommit=True) as watch:
             started = time.perf_counter()
@@ -158,9 +162,9 @@ def _lanes_once(name: str, n: int, lane_count: int) -> Result:
             done_at = wait_until(
                 lambda: _ended(watch, schema) >= n, 900, "procrastinate jobs not ended", 0.02
             )
-            records = _records(watch, schema)
-    lanes.check(records, n, f"procrastinate-{name}")
-    in_system = [r.end - r.created for r in records]
+            jobs = records(watch, schema)
+    lanes.check(jobs, n, f"procrastinate-{name}")
+    in_system = [r.end - r.created for r in jobs]
     return Result(
         scenario=f"procrastinate-{name}",
         n=n,
