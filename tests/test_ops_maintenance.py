@@ -3,7 +3,9 @@ and waits for its next turn without stopping the others or the claimer that runs
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -170,6 +172,31 @@ async def test_each_service_takes_its_turn_on_its_own_interval(outbox, database_
         assert await maintenance.run_due() == 1  # expiry only: the gauges' hour has not passed
     assert maintenance.turns == {"expiry": 2, "backlog_gauges": 1}
     assert states(database_url, schema) == {"late": ("CANCELLED", StopReason.EXPIRED)}
+
+
+async def test_a_service_that_stopped_at_its_bound_goes_again_before_its_interval(
+    outbox, database_url, schema
+):
+    put(outbox, database_url, ["old-1", "old-2", "old-3", "young"])
+    await drain_async(outbox)
+    sql(
+        database_url,
+        f"UPDATE \"{schema}\".agent_action SET ended_at = now() - interval '31 days'"
+        " WHERE idempotency_key LIKE 'old-%%'",
+    )
+    async with outbox.store() as store:
+        hourly = Retention(timedelta(hours=1), 30 * DAY, batch_size=2, max_batches=1)
+        maintenance = Maintenance(store, [hourly, BacklogGauges(timedelta(hours=1))])
+        assert await maintenance.run_due() == 2  # 2 pruned: its bound, so it is behind
+        deadline = time.monotonic() + 5
+        while await maintenance.run_due() == 0:  # back after about as long as its turn took
+            assert time.monotonic() < deadline, "the pruning turn waited for its hour"
+            await asyncio.sleep(0.01)
+        assert maintenance.turns == {"retention": 2, "backlog_gauges": 1}
+        await asyncio.sleep(0.2)
+        # The last old action went in a turn below the bound: the next waits for the hour.
+        assert await maintenance.run_due() == 0
+    assert list(states(database_url, schema)) == ["young"]
 
 
 async def test_a_failing_service_is_logged_and_waits_its_turn_while_the_others_run(

@@ -66,3 +66,6 @@ class EndingService(MaintenanceService):
         ended = await store.run(self.operation(store.schema))
         report_housekeeping(ended, self.observers)
         return len(ended)
+
+    def behind(self, handled: int) -> bool:
+        return handled >= self.limit

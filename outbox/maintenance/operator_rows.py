@@ -43,6 +43,9 @@ class ParkedPayloads(MaintenanceService):
             log.info("dropped %s parked payloads older than %s", dropped, self.retention)
         return dropped
 
+    def behind(self, handled: int) -> bool:
+        return handled >= PARKED_BATCH
+
 
 class StaleProcesses(MaintenanceService):
     """Deletes the heartbeat rows of processes silent for longer than ``stale_after``."""

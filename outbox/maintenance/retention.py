@@ -140,3 +140,6 @@ class Retention(MaintenanceService):
         # Rate buckets of limit keys nobody used for a day (one short DELETE of a small table).
         await store.run(prune_buckets_operation(store.schema))
         return pruned
+
+    def behind(self, handled: int) -> bool:
+        return handled >= self.batch_size * self.max_batches

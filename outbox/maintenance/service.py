@@ -30,3 +30,9 @@ class MaintenanceService(ABC):
     @abstractmethod
     async def run(self, store: Store) -> int:
         """One turn; returns how many actions (or rows) it handled."""
+
+    def behind(self, handled: int) -> bool:
+        """Whether a turn that handled ``handled`` stopped at its bound with work left over: the
+        runner then gives it its next turn early (``Maintenance.run_due``). Unbounded services
+        are never behind."""
+        return False
