@@ -42,6 +42,8 @@ SCENARIOS: dict[str, str] = {
     # memory an in-flight action costs the claimer and a worker process.
     "slow-provider": "benchmarks.slow_provider",
     "memory": "benchmarks.memory",
+    # Minutes of steady load with a short retention: latency and the table's size over time.
+    "sustained": "benchmarks.sustained",
 }
 #: The scenarios of other job queues: not in the default run.
 PEERS = frozenset(peers.PACKAGES)
