@@ -138,9 +138,11 @@ def bulk_enqueue(
         conn.commit()
 
 
-def ended_count(conn: psycopg.Connection[Any], schema: str) -> int:
-    """How many actions of the scenario's schema have ended (an autocommit connection)."""
+def ended_count(conn: psycopg.Connection[Any], schema: str, *, ended: bool = True) -> int:
+    """How many actions of the scenario's schema have ended (with ``ended`` False: have not)
+    (an autocommit connection)."""
+    which = "IS NOT NULL" if ended else "IS NULL"
     row = conn.execute(
-        f'SELECT count(*) FROM "{schema}".agent_action WHERE ended_at IS NOT NULL'
+        f'SELECT count(*) FROM "{schema}".agent_action WHERE ended_at {which}'
     ).fetchone()
     return row[0] if row else 0

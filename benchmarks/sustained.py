@@ -35,6 +35,7 @@ from benchmarks.common import (
     Result,
     Scale,
     bench_schema,
+    ended_count,
     migrated_outbox,
     ms,
     noop_request,
@@ -151,13 +152,6 @@ def vacuumed(schema: str, every: float) -> Iterator[dict[str, Any]]:
             thread.join()
 
 
-def _live(watch: psycopg.Connection[Any], schema: str) -> int:
-    row = watch.execute(
-        f'SELECT count(*) FROM "{schema}".agent_action WHERE ended_at IS NULL'
-    ).fetchone()
-    return row[0] if row else 0
-
-
 def run(scale: Scale) -> list[Result]:
     full = scale.factor >= 1
     rate = max(50, int(RATE * min(1.0, scale.factor)))
@@ -203,7 +197,7 @@ def run(scale: Scale) -> list[Result]:
             samples.append(_sample(watch, schema, time.perf_counter() - started, enqueued))
             # The rest ends; the reads go on, or retention would delete what they have not read.
             deadline = time.monotonic() + DRAIN_TIMEOUT
-            while _live(watch, schema):
+            while ended_count(watch, schema, ended=False):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"sustained: actions not ended after {DRAIN_TIMEOUT}s")
                 at = time.perf_counter() - started

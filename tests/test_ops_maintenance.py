@@ -134,16 +134,21 @@ async def test_expiry_cancels_waiting_actions_past_their_expiry_a_bounded_number
 # -- retention -------------------------------------------------------------------------------------
 
 
-async def test_retention_prunes_past_the_retention_at_most_its_batches_a_turn(
-    outbox, database_url, schema
-):
-    put(outbox, database_url, ["old-1", "old-2", "old-3", "young"])
-    await drain_async(outbox)
+async def three_old_and_one_young(ob, database_url, schema):
+    """Four actions run to their end: old-1..3 ended 31 days ago, young just now."""
+    put(ob, database_url, ["old-1", "old-2", "old-3", "young"])
+    await drain_async(ob)
     sql(
         database_url,
         f"UPDATE \"{schema}\".agent_action SET ended_at = now() - interval '31 days'"
         " WHERE idempotency_key LIKE 'old-%%'",
     )
+
+
+async def test_retention_prunes_past_the_retention_at_most_its_batches_a_turn(
+    outbox, database_url, schema
+):
+    await three_old_and_one_young(outbox, database_url, schema)
     async with outbox.store() as store:
         retention = Retention(NOW, 30 * DAY, batch_size=2, max_batches=1)
         assert [await retention.run(store) for _ in range(3)] == [2, 1, 0]
@@ -177,13 +182,7 @@ async def test_each_service_takes_its_turn_on_its_own_interval(outbox, database_
 async def test_a_service_that_stopped_at_its_bound_goes_again_before_its_interval(
     outbox, database_url, schema
 ):
-    put(outbox, database_url, ["old-1", "old-2", "old-3", "young"])
-    await drain_async(outbox)
-    sql(
-        database_url,
-        f"UPDATE \"{schema}\".agent_action SET ended_at = now() - interval '31 days'"
-        " WHERE idempotency_key LIKE 'old-%%'",
-    )
+    await three_old_and_one_young(outbox, database_url, schema)
     async with outbox.store() as store:
         hourly = Retention(timedelta(hours=1), 30 * DAY, batch_size=2, max_batches=1)
         maintenance = Maintenance(store, [hourly, BacklogGauges(timedelta(hours=1))])
