@@ -94,7 +94,13 @@ class CpuMeter:
             self.used[name] = None if now is None or then is None else now - then
 
     def per_action_ms(self, n: int) -> dict[str, float | None]:
-        return {
+        """Each tree's and service's CPU ms an action, and their sum (``total``; None if any
+        could not be read)."""
+        row = {
             f"{name}_cpu_ms_per_action": None if used is None else round(used / n * 1000, 3)
             for name, used in self.used.items()
         }
+        known = [used for used in self.used.values() if used is not None]
+        complete = len(known) == len(self.used)
+        row["total_cpu_ms_per_action"] = round(sum(known) / n * 1000, 3) if complete else None
+        return row

@@ -30,6 +30,7 @@ from benchmarks.common import (
     noop_request,
     percentile,
 )
+from benchmarks.cpu import CpuMeter
 from benchmarks.rig import paced, rig, wait_until
 
 #: Kinds the claimer and the workers serve in ``latency-8-kinds`` (the no-op kind and 7 idle).
@@ -39,17 +40,19 @@ KINDS = 8
 def run(scale: Scale) -> list[Result]:
     raw = dramatiq_raw.measure(scale)
     n = scale.n(300, 3_000, floor=20)
-    results = [_result("latency", _latencies(n, "latency"), raw.latencies)]
+    results = [_result("latency", *_latencies(n, "latency"), raw.latencies)]
     idle = {"BENCH_IDLE_KINDS": str(KINDS - 1)}
     results.append(
-        _result(f"latency-{KINDS}-kinds", _latencies(n, "latency8", **idle), raw.latencies)
+        _result(f"latency-{KINDS}-kinds", *_latencies(n, "latency8", **idle), raw.latencies)
     )
     return results
 
 
-def _latencies(n: int, name: str, **settings: str) -> list[float]:
+def _latencies(n: int, name: str, **settings: str) -> tuple[list[float], dict[str, float | None]]:
     """Enqueue commit -> adapter start of ``n`` actions at ``dramatiq_raw.PACE`` to an idle
-    pool whose claimer and workers run with ``settings`` in their environment."""
+    pool whose claimer and workers run with ``settings`` in their environment, and the CPU ms
+    an action of each process and service meanwhile (what an action costs at a modest pace,
+    where nothing is batched: a claim round, a take, a fence and a finish each)."""
     committed: dict[int, float] = {}
     with (
         bench_schema(name) as schema,
@@ -62,8 +65,9 @@ def _latencies(n: int, name: str, **settings: str) -> list[float]:
         outbox.migrate()
         client = redis.Redis.from_url(REDIS_URL)
         r.stack.callback(client.close)
-        r.idle_outbox()
+        cpu = CpuMeter(enqueuer=os.getpid(), **r.idle_outbox())
         with psycopg.connect(DATABASE_URL) as conn:
+            cpu.start()
             for i in paced(n, dramatiq_raw.PACE):
                 action = outbox.enqueue(
                     conn,
@@ -72,11 +76,17 @@ def _latencies(n: int, name: str, **settings: str) -> list[float]:
                 conn.commit()
                 committed[action.id] = time.time()
         wait_until(lambda: client.hlen(apps.STARTS_KEY) >= n, 60, "latency actions not started")
+        cpu.stop()
         starts = {int(k): float(v) for k, v in client.hgetall(apps.STARTS_KEY).items()}
-    return [starts[i] - t for i, t in committed.items()]
+    return [starts[i] - t for i, t in committed.items()], cpu.per_action_ms(n)
 
 
-def _result(scenario: str, latencies: list[float], raw_latencies: list[float]) -> Result:
+def _result(
+    scenario: str,
+    latencies: list[float],
+    cpu_ms: dict[str, float | None],
+    raw_latencies: list[float],
+) -> Result:
     p50, raw_p50 = percentile(latencies, 50), percentile(raw_latencies, 50)
     return Result(
         scenario=scenario,
@@ -92,6 +102,7 @@ def _result(scenario: str, latencies: list[float], raw_latencies: list[float]) -
             "max_ms": ms(max(latencies)),
             "kinds_served": KINDS if scenario != "latency" else 1,
             "latency_is": "enqueue commit returned -> adapter start",
+            **cpu_ms,
         },
     )
 

@@ -109,12 +109,14 @@ class Rig:
     def claimer(self) -> OutboxProcess:
         return self._keep(start_claimer(APP, self.env(), cwd=REPO))
 
-    def idle_outbox(self) -> None:
+    def idle_outbox(self) -> dict[str, int]:
         """Outbox workers and a claimer, then a pause so that the pool is idle when the
-        scenario's first action arrives (the latency scenarios time single actions)."""
-        self.outbox_workers()
-        self.claimer()
+        scenario's first action arrives (the latency scenarios time single actions). Their
+        pids by name, for a ``CpuMeter``."""
+        workers = self.outbox_workers()
+        claimer = self.claimer()
         time.sleep(IDLE_SETTLE)
+        return {"claimer": claimer.pid, "workers": workers.pid}
 
     def raw_workers(self) -> OutboxProcess:
         argv = [sys.executable, "-m", "dramatiq", RAW_APP]

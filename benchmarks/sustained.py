@@ -20,6 +20,7 @@ twice what retention should leave.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ from benchmarks.common import (
     noop_request,
     percentile,
 )
+from benchmarks.cpu import CpuMeter
 from benchmarks.rig import IN_FLIGHT, paced, rig
 
 #: Offered actions/s: above one retention bound an interval (1,000/s), below the pool's rate.
@@ -166,7 +168,7 @@ def run(scale: Scale) -> list[Result]:
     samples: list[Sample] = []
     with bench_schema("sustained") as schema, rig(schema, **settings) as r:
         outbox = migrated_outbox(schema)
-        r.idle_outbox()
+        cpu = CpuMeter(enqueuer=os.getpid(), **r.idle_outbox())
         window = duration / WINDOWS
         probe = retention * PROBE
         with (
@@ -175,6 +177,7 @@ def run(scale: Scale) -> list[Result]:
             psycopg.connect(DATABASE_URL, autocommit=True) as watch,
         ):
             latencies = Latencies(watch, schema)
+            cpu.start()
             started = time.perf_counter()
             next_sample, next_probe, enqueued = window, probe, 0
             for tick in paced(int(duration * rate / PER_TX), rate / PER_TX):
@@ -206,6 +209,7 @@ def run(scale: Scale) -> list[Result]:
                     next_probe += probe
                 time.sleep(0.05)
             done_at = time.perf_counter()
+            cpu.stop()
             time.sleep(SETTLED)
             latencies.read(time.perf_counter() - started)
             drained = _sample(watch, schema, time.perf_counter() - started, enqueued)
@@ -217,6 +221,9 @@ def run(scale: Scale) -> list[Result]:
     result.extra["vacuum_by"] = vacuum["by"]
     result.extra["vacuums"] = vacuum["vacuums"]
     result.extra["vacuum_s"] = round(vacuum["vacuum_s"], 1)
+    # From the load's start to the last action's end; PostgreSQL's share includes the
+    # scenario's VACUUM where the server's autovacuum is off (work autovacuum does otherwise).
+    result.extra.update(cpu.per_action_ms(enqueued))
     return [result]
 
 

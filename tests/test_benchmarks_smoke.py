@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 KEYS = {"scenario", "n", "actions_per_s", "p50_ms", "p99_ms", "ratio", "ratio_to"}
 #: Rows that measure throughput only (no latency of their own: p50/p99 are null).
 THROUGHPUT_ONLY = {"pgqueuer-inprocess"}
+#: Rows that run the outbox's processes and report the CPU ms an action of each and in all.
+CPU_REPORTED = {"e2e", "e2e-single", "e2e-celery", "latency", "latency-8-kinds", "sustained"}
 
 
 #: The benchmarks' Redis database (as in benchmarks/common.py), on the test suite's Redis.
@@ -78,6 +80,9 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(name, database_url
         # The lanes scenarios (ours and procrastinate's) enqueue while the pool runs: no error.
         assert row.get("enqueue_errors", 0) == 0, row
         assert row["ratio"] > 0 and math.isfinite(row["ratio"])
+        if row["scenario"] in CPU_REPORTED:
+            assert row["postgres_cpu_ms_per_action"] > 0, row
+            assert row["total_cpu_ms_per_action"] >= row["postgres_cpu_ms_per_action"], row
         assert row["scenario"] in table
     with psycopg.connect(database_url) as conn:
         left = conn.execute(
