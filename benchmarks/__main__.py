@@ -44,6 +44,8 @@ SCENARIOS: dict[str, str] = {
     "memory": "benchmarks.memory",
     # Minutes of steady load with a short retention: latency and the table's size over time.
     "sustained": "benchmarks.sustained",
+    # Rising steady loads: latency and CPU an action against the offered rate, to the knee.
+    "load": "benchmarks.load",
 }
 #: The scenarios of other job queues: not in the default run.
 PEERS = frozenset(peers.PACKAGES)

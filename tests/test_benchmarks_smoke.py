@@ -31,7 +31,16 @@ KEYS = {"scenario", "n", "actions_per_s", "p50_ms", "p99_ms", "ratio", "ratio_to
 #: Rows that measure throughput only (no latency of their own: p50/p99 are null).
 THROUGHPUT_ONLY = {"pgqueuer-inprocess"}
 #: Rows that run the outbox's processes and report the CPU ms an action of each and in all.
-CPU_REPORTED = {"e2e", "e2e-single", "e2e-celery", "latency", "latency-8-kinds", "sustained"}
+CPU_REPORTED = {
+    "e2e",
+    "e2e-single",
+    "e2e-celery",
+    "latency",
+    "latency-8-kinds",
+    "sustained",
+    "load-50",
+    "load-100",
+}
 
 
 #: The benchmarks' Redis database (as in benchmarks/common.py), on the test suite's Redis.

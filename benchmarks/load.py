@@ -1,0 +1,177 @@
+"""``load``: latency and CPU an action against the offered rate, up to the rate the pool
+cannot keep up with (the knee).
+
+An enqueuer offers ``RATES`` in turn, each for ``STEP_SECONDS`` (``enqueue_many``, ``PER_TX``
+a transaction, paced), to the common pool (a claimer and the workers of ``benchmarks.rig``),
+without a pause between steps. A step in which fewer than ``KEPT_UP`` of its actions' worth
+ended, or whose backlog at its end is more than ``BEHIND_SECONDS`` of its rate, fell behind: it
+is the last one run, and the actions left then drain.
+
+One row a step, ``load-<rate>``: ``actions_per_s`` the actions that ended during the step (by the
+database clock) a second; p50/p99 of enqueue -> DONE (database clock) of the actions enqueued in
+the step; ``ratio`` the actions that ended during the step over those it offered (about 1.0
+while the pool keeps up);
+``backlog_at_end`` the actions not ended when the step ended; and the CPU ms an action of each
+process and service during the step (per action offered).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from benchmarks.common import (
+    DATABASE_URL,
+    Result,
+    Scale,
+    bench_schema,
+    ended_count,
+    migrated_outbox,
+    ms,
+    noop_request,
+    percentile,
+)
+from benchmarks.cpu import CpuMeter
+from benchmarks.rig import paced, rig
+from benchmarks.sustained import vacuumed
+
+#: Offered actions/s, in turn (a default or quick run); the steps stop at the first that falls
+#: behind.
+RATES = (200, 400, 800, 1_600, 2_400, 3_200, 4_000)
+#: A tiny run's (the smoke test's) steps.
+TINY_RATES = (50, 100)
+#: Actions an enqueueing transaction.
+PER_TX = 20
+#: A step falls behind when fewer actions than this share of its own ended during it...
+KEPT_UP = 0.97
+#: ... or when more than this many seconds of its rate are still waiting at its end.
+BEHIND_SECONDS = 2.0
+#: Seconds the actions still waiting after the last step may take to end.
+DRAIN_TIMEOUT = 300
+#: How often the scenario vacuums where the server's autovacuum is off (as ``sustained``).
+VACUUM_EVERY = 15.0
+
+
+@dataclass
+class Step:
+    """One offered rate: its actions' ids, its bounds by the database clock, what it cost."""
+
+    rate: int
+    first_id: int
+    last_id: int
+    started: datetime
+    ended: datetime
+    #: Actions (of any step) that ended during the step, and those not ended at its end.
+    ended_in_step: int
+    backlog: int
+    cpu_ms: dict[str, float | None]
+
+    @property
+    def n(self) -> int:
+        return self.last_id - self.first_id + 1
+
+    @property
+    def behind(self) -> bool:
+        return self.ended_in_step < KEPT_UP * self.n or self.backlog > self.rate * BEHIND_SECONDS
+
+
+def _clock(watch: psycopg.Connection[Any]) -> datetime:
+    row = watch.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    return row[0]
+
+
+def run(scale: Scale) -> list[Result]:
+    tiny = scale.factor < 1
+    rates = TINY_RATES if tiny else RATES
+    seconds = 3.0 if tiny else scale.seconds(quick=8, full=20)
+    steps: list[Step] = []
+    with bench_schema("load") as schema, rig(schema) as r:
+        outbox = migrated_outbox(schema)
+        cpu = CpuMeter(enqueuer=os.getpid(), **r.idle_outbox())
+        with (
+            vacuumed(schema, VACUUM_EVERY),
+            psycopg.connect(DATABASE_URL) as conn,
+            psycopg.connect(DATABASE_URL, autocommit=True) as watch,
+        ):
+            key = 0
+            for rate in rates:
+                ids: list[int] = []
+                started = _clock(watch)
+                ended_before = ended_count(watch, schema)
+                cpu.start()
+                step_start = time.perf_counter()
+                for _ in paced(int(seconds * rate / PER_TX), rate / PER_TX):
+                    requests = [
+                        noop_request(f"load-{i}", f"lane-{i}", i) for i in range(key, key + PER_TX)
+                    ]
+                    key += PER_TX
+                    ids.extend(action.id for action in outbox.enqueue_many(conn, requests))
+                    conn.commit()
+                # The step lasts its whole time (the last transaction went out one interval
+                # before its end), so that what ended in it is measured over the same span.
+                time.sleep(max(0.0, step_start + seconds - time.perf_counter()))
+                cpu.stop()
+                step = Step(
+                    rate=rate,
+                    first_id=min(ids),
+                    last_id=max(ids),
+                    started=started,
+                    ended=_clock(watch),
+                    ended_in_step=ended_count(watch, schema) - ended_before,
+                    backlog=ended_count(watch, schema, ended=False),
+                    cpu_ms=cpu.per_action_ms(len(ids)),
+                )
+                steps.append(step)
+                if step.behind:
+                    break
+            deadline = time.monotonic() + DRAIN_TIMEOUT
+            while ended_count(watch, schema, ended=False):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"load: actions not ended after {DRAIN_TIMEOUT}s")
+                time.sleep(0.1)
+            return [_result(watch, schema, step) for step in steps]
+
+
+def _result(watch: psycopg.Connection[Any], schema: str, step: Step) -> Result:
+    table = f'"{schema}".agent_action'
+    latencies = [
+        row[0]
+        for row in watch.execute(
+            f"""SELECT extract(epoch FROM ended_at - created_at)::float8 FROM {table}
+                 WHERE id BETWEEN %s AND %s AND state = 'DONE'""",
+            [step.first_id, step.last_id],
+        )
+    ]
+    if len(latencies) != step.n:
+        raise AssertionError(f"load-{step.rate}: {len(latencies)} of {step.n} actions DONE")
+    row = watch.execute(
+        f"SELECT count(*) FROM {table} WHERE ended_at > %s AND ended_at <= %s",
+        [step.started, step.ended],
+    ).fetchone()
+    assert row is not None
+    took = (step.ended - step.started).total_seconds()
+    ended_per_s = row[0] / took
+    return Result(
+        scenario=f"load-{step.rate}",
+        n=step.n,
+        actions_per_s=round(ended_per_s, 1),
+        p50_ms=ms(percentile(latencies, 50)),
+        p99_ms=ms(percentile(latencies, 99)),
+        ratio=round(row[0] / step.n, 3),
+        ratio_to="offered",
+        extra={
+            "offered_per_s": step.rate,
+            "enqueued_per_s": round(step.n / took, 1),
+            "step_s": round(took, 2),
+            "backlog_at_end": step.backlog,
+            "fell_behind": step.behind,
+            "latency_is": "enqueue transaction start -> DONE, database clock, under the load",
+            **step.cpu_ms,
+        },
+    )
