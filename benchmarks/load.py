@@ -39,6 +39,7 @@ from benchmarks.common import (
 from benchmarks.cpu import CpuMeter
 from benchmarks.rig import paced, rig
 from benchmarks.sustained import vacuumed
+from outbox import Outbox
 
 #: Offered actions/s, in turn (a default or quick run); the steps stop at the first that falls
 #: behind.
@@ -59,9 +60,11 @@ VACUUM_EVERY = 15.0
 
 @dataclass
 class Step:
-    """One offered rate: its actions' ids, its bounds by the database clock, what it cost."""
+    """One offered rate: how many actions it enqueued and their ids, its bounds by the database
+    clock, what ended during it and what was left, and what it cost."""
 
     rate: int
+    n: int
     first_id: int
     last_id: int
     started: datetime
@@ -70,10 +73,6 @@ class Step:
     ended_in_step: int
     backlog: int
     cpu_ms: dict[str, float | None]
-
-    @property
-    def n(self) -> int:
-        return self.last_id - self.first_id + 1
 
     @property
     def behind(self) -> bool:
@@ -99,36 +98,10 @@ def run(scale: Scale) -> list[Result]:
             psycopg.connect(DATABASE_URL) as conn,
             psycopg.connect(DATABASE_URL, autocommit=True) as watch,
         ):
-            key = 0
+            offer = Offer(outbox, conn, watch, schema, cpu)
             for rate in rates:
-                ids: list[int] = []
-                started = _clock(watch)
-                ended_before = ended_count(watch, schema)
-                cpu.start()
-                step_start = time.perf_counter()
-                for _ in paced(int(seconds * rate / PER_TX), rate / PER_TX):
-                    requests = [
-                        noop_request(f"load-{i}", f"lane-{i}", i) for i in range(key, key + PER_TX)
-                    ]
-                    key += PER_TX
-                    ids.extend(action.id for action in outbox.enqueue_many(conn, requests))
-                    conn.commit()
-                # The step lasts its whole time (the last transaction went out one interval
-                # before its end), so that what ended in it is measured over the same span.
-                time.sleep(max(0.0, step_start + seconds - time.perf_counter()))
-                cpu.stop()
-                step = Step(
-                    rate=rate,
-                    first_id=min(ids),
-                    last_id=max(ids),
-                    started=started,
-                    ended=_clock(watch),
-                    ended_in_step=ended_count(watch, schema) - ended_before,
-                    backlog=ended_count(watch, schema, ended=False),
-                    cpu_ms=cpu.per_action_ms(len(ids)),
-                )
-                steps.append(step)
-                if step.behind:
+                steps.append(offer.step(rate, seconds))
+                if steps[-1].behind:
                     break
             deadline = time.monotonic() + DRAIN_TIMEOUT
             while ended_count(watch, schema, ended=False):
@@ -136,6 +109,48 @@ def run(scale: Scale) -> list[Result]:
                     raise TimeoutError(f"load: actions not ended after {DRAIN_TIMEOUT}s")
                 time.sleep(0.1)
             return [_result(watch, schema, step) for step in steps]
+
+
+@dataclass
+class Offer:
+    """The enqueuer: offers one rate after another on ``conn``, each action of a lane and an
+    idempotency key of its own; ``watch`` reads the clock and the counts."""
+
+    outbox: Outbox
+    conn: psycopg.Connection[Any]
+    watch: psycopg.Connection[Any]
+    schema: str
+    cpu: CpuMeter
+    next_key: int = 0
+
+    def step(self, rate: int, seconds: float) -> Step:
+        ids: list[int] = []
+        started = _clock(self.watch)
+        ended_before = ended_count(self.watch, self.schema)
+        self.cpu.start()
+        step_start = time.perf_counter()
+        for _ in paced(int(seconds * rate / PER_TX), rate / PER_TX):
+            first, self.next_key = self.next_key, self.next_key + PER_TX
+            requests = [
+                noop_request(f"load-{i}", f"lane-{i}", i) for i in range(first, first + PER_TX)
+            ]
+            ids.extend(action.id for action in self.outbox.enqueue_many(self.conn, requests))
+            self.conn.commit()
+        # The step lasts its whole time (the last transaction went out one interval before its
+        # end), so that what ended in it is measured over the same span.
+        time.sleep(max(0.0, step_start + seconds - time.perf_counter()))
+        self.cpu.stop()
+        return Step(
+            rate=rate,
+            n=len(ids),
+            first_id=min(ids),
+            last_id=max(ids),
+            started=started,
+            ended=_clock(self.watch),
+            ended_in_step=ended_count(self.watch, self.schema) - ended_before,
+            backlog=ended_count(self.watch, self.schema, ended=False),
+            cpu_ms=self.cpu.per_action_ms(len(ids)),
+        )
 
 
 def _result(watch: psycopg.Connection[Any], schema: str, step: Step) -> Result:
