@@ -1,18 +1,17 @@
 """``load``: latency and CPU an action against the offered rate, up to the rate the pool
 cannot keep up with (the knee).
 
-An enqueuer offers ``RATES`` in turn, each for ``STEP_SECONDS`` (``enqueue_many``, ``PER_TX``
-a transaction, paced), to the common pool (a claimer and the workers of ``benchmarks.rig``),
-without a pause between steps. A step in which fewer than ``KEPT_UP`` of its actions' worth
-ended, or whose backlog at its end is more than ``BEHIND_SECONDS`` of its rate, fell behind: it
-is the last one run, and the actions left then drain.
+An enqueuer offers ``RATES`` in turn, each for 20 s (8 s in a quick run; ``enqueue_many``,
+``PER_TX`` a transaction, paced), to the common pool (a claimer and the workers of
+``benchmarks.rig``), without a pause between steps. A step in which fewer than ``KEPT_UP`` of
+its actions' worth ended, or whose backlog at its end is more than ``BEHIND_SECONDS`` of its
+rate, fell behind: it is the last one run, and the actions left then drain.
 
-One row a step, ``load-<rate>``: ``actions_per_s`` the actions that ended during the step (by the
-database clock) a second; p50/p99 of enqueue -> DONE (database clock) of the actions enqueued in
-the step; ``ratio`` the actions that ended during the step over those it offered (about 1.0
-while the pool keeps up);
-``backlog_at_end`` the actions not ended when the step ended; and the CPU ms an action of each
-process and service during the step (per action offered).
+One row a step, ``load-<rate>``: ``actions_per_s`` the actions that ended during the step a
+second; p50/p99 of enqueue -> DONE (database clock) of the actions enqueued in the step;
+``ratio`` the actions that ended during the step over those it offered (about 1.0 while the
+pool keeps up); ``backlog_at_end`` the actions not ended when the step ended; and the CPU ms an
+action of each process and service during the step (per action offered).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -60,15 +58,14 @@ VACUUM_EVERY = 15.0
 
 @dataclass
 class Step:
-    """One offered rate: how many actions it enqueued and their ids, its bounds by the database
-    clock, what ended during it and what was left, and what it cost."""
+    """One offered rate: how many actions it enqueued and their ids, how long it lasted, what
+    ended during it and what was left, and what it cost."""
 
     rate: int
     n: int
     first_id: int
     last_id: int
-    started: datetime
-    ended: datetime
+    took: float
     #: Actions (of any step) that ended during the step, and those not ended at its end.
     ended_in_step: int
     backlog: int
@@ -77,12 +74,6 @@ class Step:
     @property
     def behind(self) -> bool:
         return self.ended_in_step < KEPT_UP * self.n or self.backlog > self.rate * BEHIND_SECONDS
-
-
-def _clock(watch: psycopg.Connection[Any]) -> datetime:
-    row = watch.execute("SELECT clock_timestamp()").fetchone()
-    assert row is not None
-    return row[0]
 
 
 def run(scale: Scale) -> list[Result]:
@@ -114,7 +105,7 @@ def run(scale: Scale) -> list[Result]:
 @dataclass
 class Offer:
     """The enqueuer: offers one rate after another on ``conn``, each action of a lane and an
-    idempotency key of its own; ``watch`` reads the clock and the counts."""
+    idempotency key of its own; ``watch`` reads the counts."""
 
     outbox: Outbox
     conn: psycopg.Connection[Any]
@@ -125,7 +116,6 @@ class Offer:
 
     def step(self, rate: int, seconds: float) -> Step:
         ids: list[int] = []
-        started = _clock(self.watch)
         ended_before = ended_count(self.watch, self.schema)
         self.cpu.start()
         step_start = time.perf_counter()
@@ -145,8 +135,7 @@ class Offer:
             n=len(ids),
             first_id=min(ids),
             last_id=max(ids),
-            started=started,
-            ended=_clock(self.watch),
+            took=time.perf_counter() - step_start,
             ended_in_step=ended_count(self.watch, self.schema) - ended_before,
             backlog=ended_count(self.watch, self.schema, ended=False),
             cpu_ms=self.cpu.per_action_ms(len(ids)),
@@ -165,25 +154,19 @@ def _result(watch: psycopg.Connection[Any], schema: str, step: Step) -> Result:
     ]
     if len(latencies) != step.n:
         raise AssertionError(f"load-{step.rate}: {len(latencies)} of {step.n} actions DONE")
-    row = watch.execute(
-        f"SELECT count(*) FROM {table} WHERE ended_at > %s AND ended_at <= %s",
-        [step.started, step.ended],
-    ).fetchone()
-    assert row is not None
-    took = (step.ended - step.started).total_seconds()
-    ended_per_s = row[0] / took
+    ended_per_s = step.ended_in_step / step.took
     return Result(
         scenario=f"load-{step.rate}",
         n=step.n,
         actions_per_s=round(ended_per_s, 1),
         p50_ms=ms(percentile(latencies, 50)),
         p99_ms=ms(percentile(latencies, 99)),
-        ratio=round(row[0] / step.n, 3),
+        ratio=round(step.ended_in_step / step.n, 3),
         ratio_to="offered",
         extra={
             "offered_per_s": step.rate,
-            "enqueued_per_s": round(step.n / took, 1),
-            "step_s": round(took, 2),
+            "enqueued_per_s": round(step.n / step.took, 1),
+            "step_s": round(step.took, 2),
             "backlog_at_end": step.backlog,
             "fell_behind": step.behind,
             "latency_is": "enqueue transaction start -> DONE, database clock, under the load",
