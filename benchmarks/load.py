@@ -35,7 +35,7 @@ from benchmarks.common import (
     percentile,
 )
 from benchmarks.cpu import CpuMeter
-from benchmarks.rig import paced, rig
+from benchmarks.rig import paced, rig, wait_until
 from benchmarks.sustained import vacuumed
 from outbox import Outbox
 
@@ -94,11 +94,12 @@ def run(scale: Scale) -> list[Result]:
                 steps.append(offer.step(rate, seconds))
                 if steps[-1].behind:
                     break
-            deadline = time.monotonic() + DRAIN_TIMEOUT
-            while ended_count(watch, schema, ended=False):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"load: actions not ended after {DRAIN_TIMEOUT}s")
-                time.sleep(0.1)
+            wait_until(
+                lambda: not ended_count(watch, schema, ended=False),
+                DRAIN_TIMEOUT,
+                "load: actions not ended",
+                0.1,
+            )
             return [_result(watch, schema, step) for step in steps]
 
 
