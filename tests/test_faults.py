@@ -127,27 +127,42 @@ def test_worker_pool_down_for_several_leases_spends_no_attempt_then_each_runs_on
         assert_guarantees(rig, ids)
 
 
-def _advisory_lock_holder_idle(conn: psycopg.Connection) -> bool:
-    """Some session has held the claim lock (pg_advisory_xact_lock(2830, ...)) idle in its
-    transaction for a while: a claimer paused inside its claim."""
-    row = conn.execute(
-        "SELECT count(*) AS n FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
-        " WHERE l.locktype = 'advisory' AND l.classid = 2830 AND l.granted"
-        "   AND a.state = 'idle in transaction'"
-        "   AND a.state_change < clock_timestamp() - interval '0.2 seconds'"
-    ).fetchone()
+_CLAIM_LOCK_HELD = (
+    "SELECT count(*) AS n FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+    " WHERE l.locktype = 'advisory' AND l.classid = 2830 AND l.granted"
+)
+
+
+def _claim_lock_held(conn: psycopg.Connection, idle_for: str | None = None) -> bool:
+    """Some session holds the claim lock (pg_advisory_xact_lock(2830, ...)); with ``idle_for``,
+    one that has sat idle in its transaction that long: a claimer paused inside its claim."""
+    sql = _CLAIM_LOCK_HELD
+    if idle_for is not None:
+        sql += (
+            " AND a.state = 'idle in transaction'"
+            f" AND a.state_change < clock_timestamp() - interval '{idle_for}'"
+        )
+    row = conn.execute(sql).fetchone()
     return bool(row and row["n"])
 
 
 def _pause_inside_claim(rig: DispatchRig, pid: int, budget: float = 25.0) -> bool:
     """SIGSTOPs the claimer ``pid`` at a moment it holds the claim lock (the worst moment), or
-    anywhere if that is not caught within ``budget`` seconds; True when caught."""
+    anywhere if that is not caught within ``budget`` seconds; True when caught.
+
+    A round holds the lock for a few milliseconds, so stopping at random times catches it only
+    now and then: the lock is watched instead, and the claimer stopped the moment some claimer
+    holds it (the other claimer's round, or a stop that lands after the COMMIT was sent, is
+    let go and tried again)."""
     deadline = time.monotonic() + budget
     with rig.connect() as conn:
         while time.monotonic() < deadline:
+            if not _claim_lock_held(conn):
+                time.sleep(0.0005)
+                continue
             os.killpg(pid, signal.SIGSTOP)
             time.sleep(0.3)
-            if _advisory_lock_holder_idle(conn):
+            if _claim_lock_held(conn, idle_for="0.2 seconds"):
                 return True
             os.killpg(pid, signal.SIGCONT)
             time.sleep(0.013)
