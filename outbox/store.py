@@ -124,6 +124,55 @@ def claim_operation(
     return claimed
 
 
+def claim_heads_statement(
+    q: Mapping[str, str],
+    params: Mapping[str, Any],
+    left: int,
+    key_cap: int | None,
+    cursor: Mapping[str, str],
+    reclaim: bool = True,
+    heads: bool = True,
+) -> Statement:
+    """The first (often the only) ``claim_heads`` of one kind: up to ``left`` actions, its
+    reclaims (unless ``reclaim`` is False), then due heads (unless ``heads`` is False), a fair
+    share of each limit key's, walking the keys after the one ``cursor`` holds for the kind."""
+    return Statement(
+        q["claim_heads"],
+        {
+            **params,
+            "reclaim": reclaim,
+            "heads": heads,
+            "keys": None,
+            "after": cursor.get(params["kind"], ""),
+            "walk": min(left, FAIR_KEYS_PER_CLAIM),
+            "per_key": None,
+            "limit": left,
+            "key_cap": key_cap,
+        },
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class HeadsClaimed:
+    """What one ``claim_heads`` of a kind took, and the limit keys it walked (in order)."""
+
+    claimed: list[ClaimedAction]
+    walked: list[str]
+
+    def room_for_more(self, left: int) -> bool:
+        """It walked several keys, took something and left room of ``left``: some keys had
+        fewer due heads than their share, so the others may take more (a second pass)."""
+        return len(self.walked) > 1 and bool(self.claimed) and left > len(self.claimed)
+
+
+def heads_claimed(rows: list[dict[str, Any]], kind: str, cursor: dict[str, str]) -> HeadsClaimed:
+    """Reads a ``claim_heads``'s rows; the kind's round robin goes on after the last key walked."""
+    walked: list[str] = (rows[0]["walked"] or []) if rows else []
+    if walked:
+        cursor[kind] = walked[-1]
+    return HeadsClaimed(_claimed([row for row in rows if row["id"] is not None]), walked)
+
+
 def _claim_heads(
     q: Mapping[str, str],
     params: Mapping[str, Any],
@@ -133,35 +182,18 @@ def _claim_heads(
     reclaim: bool = True,
     heads: bool = True,
 ) -> Operation[list[ClaimedAction]]:
-    """Up to ``left`` actions of one kind: its reclaims (unless ``reclaim`` is False), then due
-    heads (unless ``heads`` is False), a fair share of each limit key's. One statement reclaims,
-    walks the keys (after the one ``cursor`` holds for the kind) and claims; a second only when
-    the first left room."""
-    kind = params["kind"]
-    statement = {
-        **params,
-        "reclaim": reclaim,
-        "heads": heads,
-        "keys": None,
-        "after": cursor.get(kind, ""),
-        "walk": min(left, FAIR_KEYS_PER_CLAIM),
-        "per_key": None,
-        "limit": left,
-        "key_cap": key_cap,
-    }
-    rows = yield Statement(q["claim_heads"], statement)
-    claimed = _claimed([row for row in rows if row["id"] is not None])
-    keys: list[str] | None = rows[0]["walked"] if rows else None
-    if not keys:
+    """Up to ``left`` actions of one kind (``claim_heads_statement``); a second statement only
+    when the first left room (``HeadsClaimed.room_for_more``)."""
+    first = claim_heads_statement(q, params, left, key_cap, cursor, reclaim, heads)
+    took = heads_claimed((yield first), params["kind"], cursor)
+    claimed = took.claimed
+    if not took.room_for_more(left):
         return claimed
-    cursor[kind] = keys[-1]
+    # Claimed lanes are executing now, so nothing is taken twice.
     left -= len(claimed)
-    # A second pass when the first left room: some keys had fewer due heads than their share,
-    # so the others may take more (claimed lanes are executing now, so nothing is taken twice).
-    if len(keys) > 1 and claimed and left > 0:
-        statement = {**statement, "reclaim": False, "keys": keys, "per_key": left, "limit": left}
-        rows = yield Statement(q["claim_heads"], statement)
-        claimed.extend(_claimed([row for row in rows if row["id"] is not None]))
+    second = {**(first.params or {}), "reclaim": False, "keys": took.walked, "per_key": left}
+    rows = yield Statement(q["claim_heads"], {**second, "limit": left})
+    claimed.extend(_claimed([row for row in rows if row["id"] is not None]))
     return claimed
 
 

@@ -5,17 +5,21 @@ serves; and no wait for a housekeeping turn, which runs beside the rounds."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Generator
 from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
+from psycopg import pq
 
 from outbox import ActionKind, ActionRequest, enqueue_many
 from outbox._io import Statement, run_async
 from outbox.dispatch import Claimer, broker_from_url, install
-from outbox.dispatch.claimer import Round, bounded_claim_operation
+from outbox.dispatch.claim_guard import close_claim_round, open_claim_round
+from outbox.dispatch.claimer import Round, bounded_claim_operation, plan_claim_round
 from outbox.dispatch.consumption import ConsumptionWatch
 from outbox.maintenance.runner import Maintenance
 from outbox.maintenance.service import MaintenanceService
@@ -131,3 +135,125 @@ async def test_a_woken_round_never_waits_for_a_housekeeping_turn(
         finally:
             stop.set()
             await asyncio.wait_for(running, 10)
+
+
+def _round_trips(trace: str) -> list[str]:
+    """What the client sent that waits for the server's answer, from a libpq trace: each
+    simple query, and each Sync that ends a batch of extended-protocol messages."""
+    sent = [line.split("\t") for line in trace.splitlines() if line.startswith("F\t")]
+    return [
+        fields[3].strip() if fields[2] == "Query" else "Sync"
+        for fields in sent
+        if fields[2] in ("Query", "Sync")
+    ]
+
+
+async def test_a_claimer_round_is_two_round_trips_however_many_kinds_claim(
+    make_outbox, schema: str, redis_url: str, tmp_path
+) -> None:
+    url = make_outbox().settings.require_database_url()
+    outbox = dispatch_app.build(url, schema, schema.upper())
+    outbox.migrate()
+    kinds = dispatch_app.kinds(schema.upper())
+    with psycopg.connect(url) as conn:
+        for n, kind in enumerate(kinds):
+            request = ActionRequest(
+                kind, lane_key=f"l{n}", idempotency_key=f"k{n}", workspace_id="w"
+            )
+            outbox.enqueue(conn, request)
+    dispatch = install(outbox, broker_from_url(redis_url))
+    trace = tmp_path / "trace"
+    async with outbox.store() as store:
+        pooled = store.connection
+
+        @contextlib.asynccontextmanager
+        async def traced():
+            async with pooled() as conn:
+                with open(trace, "w") as out:
+                    conn.pgconn.trace(out.fileno())
+                    conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+                    try:
+                        yield conn
+                    finally:
+                        conn.pgconn.untrace()
+
+        store.connection = traced  # type: ignore[method-assign]
+        claimer = Claimer(dispatch, store)
+        claimed = await claimer.claim()
+        assert sorted(c.action.kind for c in claimed.claimed) == sorted(k.name for k in kinds)
+        sent = _round_trips(trace.read_text())
+        # The opening (BEGIN, the bounds and the lock, the first look) as one simple query, then
+        # both kinds' claims and the COMMIT as one pipeline (before: a round trip a claim, and
+        # one more for the COMMIT).
+        assert len(sent) == 2, sent
+        assert sent[0].startswith('"BEGIN;') and sent[1] == "Sync", sent
+        with psycopg.connect(url) as other:
+            held = other.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 2830"
+            ).fetchone()
+            executing = other.execute(
+                f'SELECT count(*) FROM "{schema}".agent_action WHERE state = %s', ["EXECUTING"]
+            ).fetchone()
+        assert held == (0,), "the claim lock outlived the round"
+        assert executing == (len(kinds),), "the claims were not committed"
+
+
+async def test_a_claim_that_fails_in_the_closing_round_trip_commits_nothing(
+    make_outbox, schema: str, redis_url: str
+) -> None:
+    url = make_outbox().settings.require_database_url()
+    outbox = dispatch_app.build(url, schema, schema.upper())
+    outbox.migrate()
+    rb, _ = dispatch_app.kinds(schema.upper())
+    with psycopg.connect(url) as conn:
+        outbox.enqueue(conn, ActionRequest(rb, lane_key="l", idempotency_key="k", workspace_id="w"))
+    settings = outbox.settings
+    async with outbox.store() as store, store.connection() as conn:
+        op = plan_claim_round(
+            schema, [rb.name], 64, 100, timedelta(seconds=30), ConsumptionWatch(), locked=True
+        )
+        rows = await open_claim_round(conn, schema, settings, next(op))
+        plan = await run_async(conn, op, started=rows)
+        assert len(plan.statements) == 1
+        failing = Statement("SELECT 1 / %(zero)s::int", {"zero": 0})
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await close_claim_round(conn, [*plan.statements, failing])
+        await conn.rollback()
+        with psycopg.connect(url) as other:
+            held = other.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 2830"
+            ).fetchone()
+            states = other.execute(f'SELECT state FROM "{schema}".agent_action').fetchall()
+        assert held == (0,)
+        assert states == [("ADMITTED",)], "the claim before the failure was committed"
+
+
+def test_a_claim_that_left_room_to_other_keys_asks_for_the_next_round_at_once(
+    make_outbox, conn, schema
+) -> None:
+    ob = make_outbox()
+    ob.declare(BUSY)
+    ob.migrate()
+    # Key "a" has one due head, key "b" ten: a batch of 6 gives each a share of 3, "a" takes 1.
+    requests = [ActionRequest(BUSY, lane_key="a0", idempotency_key="a0", workspace_id="a")]
+    requests += [
+        ActionRequest(BUSY, lane_key=f"b{i}", idempotency_key=f"b{i}", workspace_id="b")
+        for i in range(10)
+    ]
+    enqueue_many(conn, requests, schema=schema)
+    conn.commit()
+    watch, cursor = ConsumptionWatch(), {}
+
+    async def one_round() -> Round:
+        async with ob.store() as store, store.connection() as c, c.transaction():
+            op = bounded_claim_operation(
+                schema, [BUSY.name], 64, 6, timedelta(seconds=30), watch, cursor=cursor
+            )
+            return await run_async(c, op)
+
+    first = asyncio.run(one_round())
+    assert sorted(c.action.workspace_id for c in first.claimed) == ["a", "b", "b", "b"]
+    assert first.room_left and first.more_due
+    second = asyncio.run(one_round())
+    assert [c.action.workspace_id for c in second.claimed] == ["b"] * 6
+    assert not second.room_left

@@ -12,6 +12,9 @@ transaction with LOCAL server-side bounds:
 
 The waiting side logs how long it waited; a wait that timed out is logged and raised as
 ``ClaimLockBusy`` (the claimer tries again).
+
+A round is two round trips: ``open_claim_round`` (BEGIN, the bounds and the lock, the round's
+first look) and ``close_claim_round`` (each kind's claim and the COMMIT, pipelined).
 """
 
 from __future__ import annotations
@@ -24,10 +27,10 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg import AsyncClientCursor, AsyncConnection
+from psycopg import AsyncClientCursor, AsyncConnection, AsyncCursor, AsyncRawCursor
 from psycopg.rows import dict_row
 
-from outbox._io import Rows, Statement, returned_rows
+from outbox._io import Rows, Statement, as_sent, returned_rows
 from outbox.config import Settings
 from outbox.queries import queries_for
 
@@ -81,6 +84,38 @@ async def open_claim_round(
         rows = await cur.fetchall() if returned_rows(cur) else []
     _waited(started)
     return rows
+
+
+async def close_claim_round(conn: AsyncConnection[Any], claims: list[Statement]) -> list[Rows]:
+    """Runs the round's ``claims`` and its COMMIT in one round trip (psycopg's pipeline mode,
+    one Sync at the end); returns each claim's rows, in order. With no claim, it only commits.
+
+    The COMMIT is queued behind the claims, so the lock is released as soon as the server ran
+    them, not a round trip later. A claim that fails aborts the transaction (the server skips
+    the COMMIT and what follows up to the Sync) and is raised here; the caller rolls back."""
+    if not claims:
+        await conn.commit()
+        return []
+    cursors = []
+    raw = conn.cursor_factory is AsyncCursor
+    async with conn.pipeline():
+        for claim in claims:
+            cur = (
+                AsyncRawCursor(conn, row_factory=dict_row)
+                if raw
+                else conn.cursor(row_factory=dict_row)
+            )
+            if raw:
+                await cur.execute(*as_sent(claim))
+            else:
+                await cur.execute(claim.sql, claim.params)
+            cursors.append(cur)
+        await conn.execute(b"COMMIT")
+    answers = []
+    for cur in cursors:
+        answers.append(await cur.fetchall() if returned_rows(cur) else [])
+        await cur.close()
+    return answers
 
 
 #: Opening queries kept bound: a claimer's are the same every round (its bounds, its kinds), and

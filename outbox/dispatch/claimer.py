@@ -29,9 +29,9 @@ import psycopg
 from psycopg import sql
 
 from outbox import metrics
-from outbox._io import Operation, Statement, run_async
+from outbox._io import Operation, Rows, Statement, run_async
 from outbox.connecting import CONNECTION_OPTIONS, one_line, wait_for_database
-from outbox.dispatch.claim_guard import ClaimLockBusy, open_claim_round
+from outbox.dispatch.claim_guard import ClaimLockBusy, close_claim_round, open_claim_round
 from outbox.dispatch.consumption import ConsumptionWatch
 from outbox.dispatch.fabric import Fabric, batches
 from outbox.dispatch.heartbeat import Heartbeat
@@ -45,7 +45,8 @@ from outbox.store import (
     ClaimedAction,
     Intake,
     Store,
-    claim_operation,
+    claim_heads_statement,
+    heads_claimed,
     release_claims_operation,
 )
 
@@ -73,14 +74,18 @@ class Round:
     folded: int = 0
     #: The kinds an operator paused, as this round read them.
     paused: frozenset[str] = frozenset()
+    #: Some kind's claim left room that keys with more due heads than their share could take
+    #: (``HeadsClaimed.room_for_more``): the next round claims it, at once.
+    room_left: bool = False
 
     @property
     def more_due(self) -> bool:
-        """Some kind got all it asked for, or the lane intake had more: more may be due now."""
+        """Some kind got all it asked for, or left room others could take, or the lane intake
+        had more: more may be due now."""
         by_kind: dict[str, int] = {}
         for item in self.claimed:
             by_kind[item.action.kind] = by_kind.get(item.action.kind, 0) + 1
-        if self.folded >= INTAKE_BATCH:
+        if self.folded >= INTAKE_BATCH or self.room_left:
             return True
         return any(n and by_kind.get(kind, 0) >= n for kind, n in self.limits.items())
 
@@ -101,7 +106,56 @@ def whole_messages(batch_size: int, per_message: int) -> int:
     return batch_size - batch_size % per_message if batch_size >= per_message else batch_size
 
 
-def bounded_claim_operation(
+@dataclass(frozen=True)
+class KindClaim:
+    """One kind's claim in a round: the most it may take, and its ``claim_heads``."""
+
+    kind: str
+    limit: int
+    statement: Statement
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """What a claim round decided under the claim lock, from its counts: each kind's claim (the
+    claimer sends them together, with the round's COMMIT: ``close_claim_round``), and what the
+    round read."""
+
+    claims: list[KindClaim]
+    #: What each kind whose claims are consumed asked for (probing kinds are not listed).
+    limits: dict[str, int]
+    in_flight: dict[str, int]
+    folded: int
+    paused: frozenset[str]
+    probing: frozenset[str]
+
+    @property
+    def statements(self) -> list[Statement]:
+        return [claim.statement for claim in self.claims]
+
+    def settle(self, answers: list[Rows], watch: ConsumptionWatch, cursor: dict[str, str]) -> Round:
+        """The round, from each claim's rows (in ``claims`` order); each kind's round robin goes
+        on after the last key its claim walked, and a probe that went out is noted."""
+        claimed: list[ClaimedAction] = []
+        room_left = False
+        for claim, rows in zip(self.claims, answers, strict=True):
+            took = heads_claimed(rows, claim.kind, cursor)
+            claimed.extend(took.claimed)
+            room_left = room_left or took.room_for_more(claim.limit)
+        for item in claimed:
+            if item.action.kind in self.probing:
+                watch.probed(item.action.kind, item.action.token)
+        return Round(
+            claimed=claimed,
+            limits=self.limits,
+            in_flight=self.in_flight,
+            folded=self.folded,
+            paused=self.paused,
+            room_left=room_left,
+        )
+
+
+def plan_claim_round(
     schema: str,
     kinds: Iterable[str],
     in_flight: int,
@@ -109,16 +163,19 @@ def bounded_claim_operation(
     lease: timedelta,
     watch: ConsumptionWatch,
     kind_limits: Mapping[str, KindLimits] | None = None,
-    cursor: dict[str, str] | None = None,
+    cursor: Mapping[str, str] | None = None,
     *,
     locked: bool = False,
-) -> Operation[Round]:
-    """Folds the lane intake, counts in-flight and unconsumed claims per kind, and claims up to
-    the bound (one probe for a kind whose claims no worker takes); run it in a transaction.
-    A kind's concurrency cap (``kind_limits``) lowers its bound below ``in_flight``; its
-    per-key cap bounds each limit key's share (``claim_operation``). It takes the claim lock
-    first, unless ``locked`` (the transaction took it already: ``open_claim_round``)."""
+) -> Operation[ClaimPlan]:
+    """Folds the lane intake, counts in-flight and unconsumed claims per kind, and decides each
+    kind's claim up to the bound (one probe for a kind whose claims no worker takes); run it in
+    a transaction, then the plan's statements in the same one (``bounded_claim_operation``,
+    or the claimer's ``close_claim_round``). A kind's concurrency cap (``kind_limits``) lowers
+    its bound below ``in_flight``; its per-key cap bounds each limit key's share
+    (``claim_heads``). It takes the claim lock first, unless ``locked`` (the transaction took
+    it already: ``open_claim_round``)."""
     kind_limits = kind_limits or {}
+    cursor = cursor or {}
     q = queries_for(schema)
     if not locked:
         yield Statement(q["claim_lock"], {"schema": schema})
@@ -126,7 +183,6 @@ def bounded_claim_operation(
     kinds = list(kinds)
     (state,) = yield Statement(q["claim_round_state"], {"limit": INTAKE_BATCH, "kinds": kinds})
     intake = Intake(int(state["folded"]), frozenset(state["paused"]))
-    folded = intake.folded
     counts = {row["kind"]: row for row in state["executing"]}
     heads_waiting = frozenset(state["waiting"])
     leases_expired = frozenset(kind for kind, row in counts.items() if int(row["expired"]))
@@ -166,37 +222,61 @@ def bounded_claim_operation(
         if kind in kind_limits:
             bound = min(bound, kind_limits[kind].in_flight_bound(in_flight))
         limits[kind] = max(0, min(batch_size, bound - current[kind]))
-    key_caps = {
-        kind: limit.key_concurrency
-        for kind, limit in kind_limits.items()
-        if limit.key_concurrency is not None
-    }
-    # No statement for a kind with nothing to claim: no lease ran out and no head waits (what
-    # became due meanwhile wakes the next round, or its poll finds it).
-    claimable = {
-        kind: limit
-        if kind in leases_expired or (kind in heads_waiting and kind not in probing)
-        else 0
-        for kind, limit in limits.items()
-    }
-    claimed = yield from claim_operation(
-        schema,
-        claimable,
-        lease,
-        take=False,
-        intake=False,
-        reclaims_only=probing,
-        reclaims_of=leases_expired,
-        key_caps=key_caps,
-        cursor=cursor,
-    )
-    for item in claimed:
-        if item.action.kind in probing:
-            watch.probed(item.action.kind, item.action.token)
+    claims: list[KindClaim] = []
+    for kind, limit in limits.items():
+        # No statement for a kind with nothing to claim: no lease ran out and no head waits
+        # (what became due meanwhile wakes the next round, or its poll finds it). A probing
+        # kind only reclaims; a kind whose leases all hold skips the reclaim.
+        reclaim = kind in leases_expired
+        heads = kind not in probing
+        if limit <= 0 or not (reclaim or (heads and kind in heads_waiting)):
+            continue
+        cap = kind_limits[kind].key_concurrency if kind in kind_limits else None
+        asked = {"kind": kind, "limit": limit, "lease": lease, "take": False}
+        statement = claim_heads_statement(q, asked, limit, cap, cursor, reclaim, heads)
+        claims.append(KindClaim(kind, limit, statement))
     consumed = {kind: n for kind, n in limits.items() if kind not in probing}
-    return Round(
-        claimed=claimed, limits=consumed, in_flight=current, folded=folded, paused=intake.paused
+    return ClaimPlan(
+        claims=claims,
+        limits=consumed,
+        in_flight=current,
+        folded=intake.folded,
+        paused=intake.paused,
+        probing=frozenset(probing),
     )
+
+
+def bounded_claim_operation(
+    schema: str,
+    kinds: Iterable[str],
+    in_flight: int,
+    batch_size: int,
+    lease: timedelta,
+    watch: ConsumptionWatch,
+    kind_limits: Mapping[str, KindLimits] | None = None,
+    cursor: dict[str, str] | None = None,
+    *,
+    locked: bool = False,
+) -> Operation[Round]:
+    """A whole claim round's statements (``plan_claim_round``, then each kind's claim, one at a
+    time); run it in a transaction. The claimer sends the claims together with its COMMIT
+    instead (``Claimer.claim``); what either claims is the same."""
+    cursor = cursor if cursor is not None else {}
+    plan = yield from plan_claim_round(
+        schema,
+        kinds,
+        in_flight,
+        batch_size,
+        lease,
+        watch,
+        kind_limits,
+        cursor,
+        locked=locked,
+    )
+    answers: list[Rows] = []
+    for statement in plan.statements:
+        answers.append((yield statement))
+    return plan.settle(answers, watch, cursor)
 
 
 class Claimer:
@@ -251,7 +331,7 @@ class Claimer:
 
     async def claim(self) -> Round:
         """Claims under the bound and commits; nothing is pushed yet."""
-        op = bounded_claim_operation(
+        op = plan_claim_round(
             self.store.schema,
             self.kinds,
             self.settings.in_flight,
@@ -263,13 +343,14 @@ class Claimer:
             locked=True,
         )
         # The BEGIN, the guard (bounds and the claim lock) and the round's first statement go
-        # in one round trip (``open_claim_round``), then the rest of the round, then COMMIT.
+        # in one round trip (``open_claim_round``), then each kind's claim and the COMMIT in
+        # another (``close_claim_round``): a round is two round trips, whatever its kinds.
         async with self.store.connection() as conn:
             try:
                 rows = await open_claim_round(conn, self.store.schema, self.settings, next(op))
-                result = await run_async(conn, op, started=rows)
-                await conn.commit()
-                return result
+                plan = await run_async(conn, op, started=rows)
+                answers = await close_claim_round(conn, plan.statements)
+                return plan.settle(answers, self.watch, self.fair_cursor)
             except BaseException:
                 with contextlib.suppress(psycopg.Error):  # the session may be gone
                     await conn.rollback()

@@ -230,7 +230,7 @@ def shop_queue(suffix: str) -> str:
 
 
 def stop_inside_claim_round(marker: str) -> None:
-    """Wraps the claimer's claim operation: once the claim lock is held (and ``marker.arm``
+    """Wraps the claimer's round planning (``plan_claim_round``): once the claim lock is held (and ``marker.arm``
     exists), the first process to create ``marker`` writes its pid there and stops itself,
     holding the lock, until SIGCONT. The lock is held once the operation's first statement
     answered: the lock itself, or the statement the claimer sent with the guard that took it."""
@@ -238,7 +238,7 @@ def stop_inside_claim_round(marker: str) -> None:
 
     from outbox.dispatch import claimer
 
-    original = claimer.bounded_claim_operation
+    original = claimer.plan_claim_round
 
     def stopping(*args: Any, **kwargs: Any) -> Any:
         inner = original(*args, **kwargs)
@@ -262,7 +262,7 @@ def stop_inside_claim_round(marker: str) -> None:
             except StopIteration as done:
                 return done.value
 
-    claimer.bounded_claim_operation = stopping  # type: ignore[assignment]
+    claimer.plan_claim_round = stopping  # type: ignore[assignment]
 
 
 @cache
