@@ -230,10 +230,11 @@ def shop_queue(suffix: str) -> str:
 
 
 def stop_inside_claim_round(marker: str) -> None:
-    """Wraps the claimer's round planning (``plan_claim_round``): once the claim lock is held (and ``marker.arm``
-    exists), the first process to create ``marker`` writes its pid there and stops itself,
-    holding the lock, until SIGCONT. The lock is held once the operation's first statement
-    answered: the lock itself, or the statement the claimer sent with the guard that took it."""
+    """Wraps the claimer's round planning (``plan_claim_round``): once the claim lock is held
+    (and ``marker.arm`` exists), the first process to create ``marker`` writes its pid there and
+    stops itself, holding the lock, until SIGCONT. The lock is held once the operation's first
+    statement answered: the lock itself, or the statement the claimer sent with the guard that
+    took it."""
     import signal
 
     from outbox.dispatch import claimer
