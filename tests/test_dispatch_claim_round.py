@@ -137,15 +137,23 @@ async def test_a_woken_round_never_waits_for_a_housekeeping_turn(
             await asyncio.wait_for(running, 10)
 
 
-def _round_trips(trace: str) -> list[str]:
-    """What the client sent that waits for the server's answer, from a libpq trace: each
-    simple query, and each Sync that ends a batch of extended-protocol messages."""
-    sent = [line.split("\t") for line in trace.splitlines() if line.startswith("F\t")]
-    return [
-        fields[3].strip() if fields[2] == "Query" else "Sync"
-        for fields in sent
-        if fields[2] in ("Query", "Sync")
-    ]
+def _round_trips(trace: str) -> list[list[str]]:
+    """What the client sent that the server answered, from a libpq trace: each run of messages
+    the client sent before the next answer (their types; a simple query with its text)."""
+    flights: list[list[str]] = []
+    answered = True
+    for line in trace.splitlines():
+        fields = line.split("\t")
+        if len(fields) < 3 or fields[0] not in ("F", "B"):
+            continue  # a simple query's text goes on over several lines
+        if fields[0] == "B":
+            answered = True
+            continue
+        if answered:
+            flights.append([])
+            answered = False
+        flights[-1].append(fields[3].strip() if fields[2] == "Query" else fields[2])
+    return flights
 
 
 async def test_a_claimer_round_is_two_round_trips_however_many_kinds_claim(
@@ -186,7 +194,8 @@ async def test_a_claimer_round_is_two_round_trips_however_many_kinds_claim(
         # both kinds' claims and the COMMIT as one pipeline (before: a round trip a claim, and
         # one more for the COMMIT).
         assert len(sent) == 2, sent
-        assert sent[0].startswith('"BEGIN;') and sent[1] == "Sync", sent
+        assert sent[0][0].startswith('"BEGIN;'), sent
+        assert sent[1].count("Execute") == len(kinds) + 1, sent  # the claims and the COMMIT
         with psycopg.connect(url) as other:
             held = other.execute(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 2830"
@@ -198,7 +207,7 @@ async def test_a_claimer_round_is_two_round_trips_however_many_kinds_claim(
         assert executing == (len(kinds),), "the claims were not committed"
 
 
-async def test_a_claim_that_fails_in_the_closing_round_trip_commits_nothing(
+async def test_a_claim_that_fails_in_the_closing_round_trip_ends_the_round_there(
     make_outbox, schema: str, redis_url: str
 ) -> None:
     url = make_outbox().settings.require_database_url()
@@ -218,14 +227,17 @@ async def test_a_claim_that_fails_in_the_closing_round_trip_commits_nothing(
         failing = Statement("SELECT 1 / %(zero)s::int", {"zero": 0})
         with pytest.raises(psycopg.errors.DivisionByZero):
             await close_claim_round(conn, [*plan.statements, failing])
-        await conn.rollback()
+        # No ROLLBACK from the claimer yet (it might be paused or cut off right here): the
+        # round's transaction is already over, its lock free and its claim undone.
+        assert conn.info.transaction_status == pq.TransactionStatus.IDLE
         with psycopg.connect(url) as other:
             held = other.execute(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 2830"
             ).fetchone()
             states = other.execute(f'SELECT state FROM "{schema}".agent_action').fetchall()
-        assert held == (0,)
+        assert held == (0,), "a failed round kept the claim lock"
         assert states == [("ADMITTED",)], "the claim before the failure was committed"
+        assert (await (await conn.execute("SELECT 1")).fetchone()) == (1,)
 
 
 def test_a_claim_that_left_room_to_other_keys_asks_for_the_next_round_at_once(

@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg import AsyncClientCursor, AsyncConnection, AsyncCursor, AsyncRawCursor
+from psycopg import AsyncClientCursor, AsyncConnection, AsyncCursor, AsyncPipeline, AsyncRawCursor
 from psycopg.rows import dict_row
 
 from outbox._io import Rows, Statement, as_sent, returned_rows
@@ -87,35 +87,45 @@ async def open_claim_round(
 
 
 async def close_claim_round(conn: AsyncConnection[Any], claims: list[Statement]) -> list[Rows]:
-    """Runs the round's ``claims`` and its COMMIT in one round trip (psycopg's pipeline mode,
-    one Sync at the end); returns each claim's rows, in order. With no claim, it only commits.
+    """Runs the round's ``claims`` and its COMMIT in one round trip (psycopg's pipeline mode);
+    returns each claim's rows, in order. With no claim, it only commits. Either way the round's
+    transaction is over when it returns or raises: committed, or rolled back and the claim's
+    error raised.
 
-    The COMMIT is queued behind the claims, so the lock is released as soon as the server ran
-    them, not a round trip later. A claim that fails aborts the transaction (the server skips
-    the COMMIT and what follows up to the Sync) and is raised here; the caller rolls back."""
+    The claims and the COMMIT are two segments of the pipeline, a Sync after each. A claim that
+    fails aborts the transaction and the server skips the rest of its segment; the COMMIT,
+    in the next one, then ends the aborted transaction (as a ROLLBACK), in the same round trip.
+    With one segment the transaction would stay open, aborted and holding the claim lock, until
+    the caller's ROLLBACK came; and psycopg ends a pipeline with a flush request after its
+    Sync, which leaves ``idle_in_transaction_session_timeout`` disarmed (``open_claim_round``),
+    so a claimer paused or cut off right then would hold the lock for ever."""
     if not claims:
         await conn.commit()
         return []
-    cursors = []
+    cursors: list[AsyncCursor[Any]] = []
     raw = conn.cursor_factory is AsyncCursor
-    async with conn.pipeline():
+    async with conn.pipeline() as pipeline:
         for claim in claims:
-            cur = (
-                AsyncRawCursor(conn, row_factory=dict_row)
-                if raw
-                else conn.cursor(row_factory=dict_row)
-            )
             if raw:
+                cur: AsyncCursor[Any] = AsyncRawCursor(conn, row_factory=dict_row)
                 await cur.execute(*as_sent(claim))
             else:
+                cur = conn.cursor(row_factory=dict_row)
                 await cur.execute(claim.sql, claim.params)
             cursors.append(cur)
+        _end_segment(pipeline)
         await conn.execute(b"COMMIT")
     answers = []
     for cur in cursors:
         answers.append(await cur.fetchall() if returned_rows(cur) else [])
         await cur.close()
     return answers
+
+
+def _end_segment(pipeline: AsyncPipeline) -> None:
+    """Queues a Sync in ``pipeline`` without waiting for the server's answer: psycopg's public
+    ``sync()`` waits for it (a round trip of its own), and there is no other call for it."""
+    pipeline._enqueue_sync()
 
 
 #: Opening queries kept bound: a claimer's are the same every round (its bounds, its kinds), and
