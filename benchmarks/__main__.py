@@ -19,6 +19,7 @@ from benchmarks.table import render
 #: dispatch package).
 SCENARIOS: dict[str, str] = {
     "claim-cost": "benchmarks.claim_cost",
+    "claim-round": "benchmarks.claim_round",
     "enqueue": "benchmarks.enqueue",
     "inprocess": "benchmarks.inprocess",
     "dramatiq-raw": "benchmarks.dramatiq_raw",
