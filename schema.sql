@@ -6,6 +6,30 @@
 
 CREATE SCHEMA outbox;
 
+-- function agent_action_claim_round_state(integer, text[])
+
+CREATE FUNCTION outbox.agent_action_claim_round_state(p_limit integer, p_kinds text[], OUT folded integer, OUT paused text[], OUT executing json, OUT waiting text[]) RETURNS record
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox'
+    AS $$
+BEGIN
+    SELECT agent_action_lane_intake(p_limit),
+           (SELECT coalesce(array_agg(p.kind), '{}') FROM agent_action_kind_pause p),
+           (SELECT coalesce(json_agg(e), '[]')
+              FROM (SELECT a.kind,
+                           count(*) FILTER (WHERE a.lease_until > now()) AS n,
+                           count(*) FILTER (WHERE a.lease_until <= now()
+                                              AND a.taken_epoch IS DISTINCT FROM a.epoch)
+                               AS unconsumed,
+                           count(*) FILTER (WHERE a.lease_until <= now()) AS expired
+                      FROM agent_action a
+                     WHERE a.state = 'EXECUTING'
+                     GROUP BY a.kind) e),
+           agent_action_kinds_waiting(p_kinds)
+      INTO folded, paused, executing, waiting;
+END;
+$$;
+
 -- function agent_action_inserted()
 
 CREATE FUNCTION outbox.agent_action_inserted() RETURNS trigger

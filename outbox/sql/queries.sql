@@ -456,22 +456,12 @@ SELECT set_config('lock_timeout', %(lock_timeout)s, true),
 -- executing_by_kind, as a JSON array, with how many leases ran out: what claim_heads' reclaims
 -- would take) in one statement, one round trip. `waiting`: which of `kinds` have a lane head
 -- waiting (migration 0013: it runs after the fold and sees its heads), so the round sends no
--- claim statement for a kind with nothing to claim. The counts read the statement's snapshot,
--- taken after the lock was granted (never in the statement that waits for it), so they include
--- every claim another claimer committed before.
-SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
-       (SELECT coalesce(array_agg(p.kind), '{}') FROM {schema}.agent_action_kind_pause p)
-           AS paused,
-       (SELECT coalesce(json_agg(e), '[]')
-          FROM (SELECT kind,
-                       count(*) FILTER (WHERE lease_until > now()) AS n,
-                       count(*) FILTER (WHERE lease_until <= now()
-                                          AND taken_epoch IS DISTINCT FROM epoch) AS unconsumed,
-                       count(*) FILTER (WHERE lease_until <= now()) AS expired
-                  FROM {schema}.agent_action
-                 WHERE state = 'EXECUTING'
-                 GROUP BY kind) e) AS executing,
-       {schema}.agent_action_kinds_waiting(%(kinds)s::text[]) AS waiting
+-- claim statement for a kind with nothing to claim. The counts read a snapshot taken after the
+-- lock was granted (never in the statement that waits for it), so they include every claim
+-- another claimer committed before. A function (migration 0018), so that the server plans its
+-- query once a session: the round sends it in a simple-protocol query, which is planned anew
+-- every time.
+SELECT * FROM {schema}.agent_action_claim_round_state(%(limit)s, %(kinds)s::text[])
 
 -- name: release_claims
 -- Claims whose push failed are given back at once: each (id, epoch) still EXECUTING at that
