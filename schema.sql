@@ -11,6 +11,7 @@ CREATE SCHEMA outbox;
 CREATE FUNCTION outbox.agent_action_claim_round_state(p_limit integer, p_kinds text[], OUT folded integer, OUT paused text[], OUT executing json, OUT waiting text[]) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'outbox'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 BEGIN
     SELECT agent_action_lane_intake(p_limit),

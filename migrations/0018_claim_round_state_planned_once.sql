@@ -8,11 +8,12 @@
 -- As a PL/pgSQL function, its query is planned once a session and kept; the round's query plans
 -- only the call. It is the same query: the counts read a snapshot taken after the claim lock was
 -- granted (the round's earlier statement took it), and agent_action_kinds_waiting, a function
--- of its own, sees the heads the fold wrote.
+-- of its own, sees the heads the fold wrote. Its parameters only feed the two functions it calls,
+-- so the one plan it keeps is the generic one, made at its first call.
 CREATE FUNCTION agent_action_claim_round_state(
     p_limit integer, p_kinds text[],
     OUT folded integer, OUT paused text[], OUT executing json, OUT waiting text[])
-LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT
+LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     SELECT agent_action_lane_intake(p_limit),

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 from psycopg import pq
 
+from benchmarks.chaos.servers import PrivatePostgres, missing_binaries
 from outbox import ActionKind, ActionRequest, enqueue_many
 from outbox._io import Statement, run_async
 from outbox.dispatch import Claimer, broker_from_url, install
@@ -25,6 +26,7 @@ from outbox.maintenance.runner import Maintenance
 from outbox.maintenance.service import MaintenanceService
 from outbox.queries import queries_for
 from tests.apps import dispatch_app
+from tests.services import missing_service
 
 BUSY = ActionKind("BUSY")
 IDLE = [ActionKind(f"IDLE_{i}") for i in range(5)]
@@ -269,3 +271,47 @@ def test_a_claim_that_left_room_to_other_keys_asks_for_the_next_round_at_once(
     second = asyncio.run(one_round())
     assert [c.action.workspace_id for c in second.claimed] == ["b"] * 6
     assert not second.room_left
+
+
+ROUNDS = 20
+
+
+async def test_a_rounds_first_look_is_planned_once_a_connection_not_every_round(
+    redis_url: str,
+) -> None:
+    """The opening query is a simple-protocol query, which the server plans every time it runs;
+    the first look (fold, pauses, counts, kinds waiting) is a function's query, so its plan is
+    made once a session and kept (pg_stat_statements counts the plans)."""
+    missing = missing_binaries()
+    if missing:
+        missing_service(missing)
+    preload = {
+        "shared_preload_libraries": "pg_stat_statements",
+        "pg_stat_statements.track": "all",
+        "pg_stat_statements.track_planning": "on",
+    }
+    with PrivatePostgres(max_connections=40, settings=preload) as server:
+        with psycopg.connect(server.url, autocommit=True) as admin:
+            admin.execute("CREATE EXTENSION pg_stat_statements")
+        outbox = dispatch_app.build(server.url, "planned", "PLANNED")
+        outbox.migrate()
+        dispatch = install(outbox, broker_from_url(redis_url))
+        async with outbox.store() as store:
+            claimer = Claimer(dispatch, store)
+            for _ in range(ROUNDS):
+                await claimer.claim()
+            async with store.connection() as conn:
+                backends = await (
+                    await conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    )
+                ).fetchone()
+        with psycopg.connect(server.url, autocommit=True) as admin:
+            counted = admin.execute(
+                "SELECT sum(calls), sum(plans) FROM pg_stat_statements"
+                " WHERE query LIKE '%agent_action_kind_pause%' AND query LIKE '%json_agg%'"
+            ).fetchone()
+    assert backends is not None and counted is not None
+    calls, plans = counted
+    assert calls >= ROUNDS, (calls, plans)
+    assert plans <= backends[0], f"planned {plans} times in {calls} rounds"

@@ -175,9 +175,12 @@ class PrivatePostgres(PrivateServer):
 
     name = "postgres"
 
-    def __init__(self, max_connections: int = 200) -> None:
+    def __init__(self, max_connections: int = 200, settings: dict[str, str] | None = None) -> None:
         super().__init__()
         self.max_connections = max_connections
+        #: More server settings (``shared_preload_libraries`` for a test that reads
+        #: ``pg_stat_statements``), over the defaults below.
+        self.settings = dict(settings or {})
         self.data = self.dir / "data"
         if os.geteuid() == 0:
             self.user = "postgres"
@@ -218,6 +221,7 @@ class PrivatePostgres(PrivateServer):
             "full_page_writes": "off",
             "shared_buffers": "32MB",
             "max_connections": self.max_connections,
+            **self.settings,
         }
         flags = [arg for key, value in settings.items() for arg in ("-c", f"{key}={value}")]
         return [str(PG_BIN / "postgres"), "-D", str(self.data), *flags]
