@@ -2,12 +2,13 @@
 transaction and 1,000 a transaction, and of ``outbox.enqueue_many`` with 1,000 a call and a
 transaction. Each is compared with the same client inserting rows of the same shape into a plain
 table (no triggers, no lane table, a unique key) the same way (one INSERT a row, or one
-multi-row INSERT a transaction), measured in the same run: the ratio is what the outbox's
-bookkeeping costs on the application's write path.
+multi-row INSERT a transaction), the two taking turns (``TURNS``): the ratio is what the
+outbox's bookkeeping costs on the application's write path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -77,31 +78,64 @@ def _backend_cpu(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
-def _timed(n: int, per_tx: int, write: Any) -> Timed:
-    """``n`` writes committed ``per_tx`` at a time, timed."""
-    latencies: list[float] = []
-    with psycopg.connect(DATABASE_URL) as conn:
-        backend = conn.info.backend_pid
-        server_started = _backend_cpu(backend)
+#: The two sides of a case take turns, each a tenth of the writes at a time (the side that goes
+#: first alternating), so that both meet the same minutes of a shared machine: timed one after
+#: the other, a slow patch landing on one side moved `enqueue-single` from 0.48 to 0.73 between
+#: runs of the same code.
+TURNS = 10
+
+
+def _timed_in_turns(n: int, per_tx: int, writes: dict[str, Any]) -> dict[str, Timed]:
+    """``n`` writes by each of ``writes`` (name -> ``write(conn, i)``), committed ``per_tx`` at a
+    time, each side on its own connection; the sides take turns of about ``n / TURNS`` writes
+    (whole transactions), and each side's time, latencies and CPU add up over its turns."""
+    chunk = max(per_tx, -(-n // TURNS // per_tx) * per_tx)
+    with contextlib.ExitStack() as stack:
+        sides = {
+            name: _Side(stack.enter_context(psycopg.connect(DATABASE_URL)), write)
+            for name, write in writes.items()
+        }
+        order = list(sides.values())
+        for turn, first in enumerate(range(0, n, chunk)):
+            for side in order if turn % 2 == 0 else reversed(order):
+                side.run(range(first, min(n, first + chunk)), per_tx)
+        return {name: side.timed() for name, side in sides.items()}
+
+
+class _Side:
+    """One side of a case: its connection and write, and what its turns added up to."""
+
+    def __init__(self, conn: psycopg.Connection[Any], write: Any) -> None:
+        self.conn = conn
+        self.write = write
+        self.backend = conn.info.backend_pid
+        self.seconds = 0.0
+        self.client = 0.0
+        self.server: float | None = 0.0
+        self.latencies: list[float] = []
+
+    def run(self, writes: range, per_tx: int) -> None:
+        server_started = _backend_cpu(self.backend)
         cpu_started = time.process_time()
         started = time.perf_counter()
         tx_started = started
-        for i in range(n):
-            write(conn, i)
-            if i % per_tx == per_tx - 1 or i == n - 1:
-                conn.commit()
+        for i in writes:
+            self.write(self.conn, i)
+            if i % per_tx == per_tx - 1 or i == writes[-1]:
+                self.conn.commit()
                 now = time.perf_counter()
-                latencies.append(now - tx_started)
+                self.latencies.append(now - tx_started)
                 tx_started = now
-        seconds = time.perf_counter() - started
-        client = time.process_time() - cpu_started
-        server_ended = _backend_cpu(backend)
-        server = (
-            None
-            if server_started is None or server_ended is None
-            else server_ended - server_started
-        )
-        return Timed(seconds, latencies, client, server)
+        self.seconds += time.perf_counter() - started
+        self.client += time.process_time() - cpu_started
+        server_ended = _backend_cpu(self.backend)
+        if self.server is None or server_started is None or server_ended is None:
+            self.server = None
+        else:
+            self.server += server_ended - server_started
+
+    def timed(self) -> Timed:
+        return Timed(self.seconds, self.latencies, self.client, self.server)
 
 
 def run(scale: Scale) -> list[Result]:
@@ -130,9 +164,8 @@ def run(scale: Scale) -> list[Result]:
                     insert_plain, (NOOP.name, "w", f"{tag}-{i}", f"{tag}-{i}", Jsonb({"i": i}))
                 )
 
-            plain = _timed(n, per_tx, plain_write)
-            outbox_run = _timed(n, per_tx, outbox_write)
-            results.append(_result(name, n, per_tx, outbox_run, plain))
+            timed = _timed_in_turns(n, per_tx, {"plain": plain_write, "outbox": outbox_write})
+            results.append(_result(name, n, per_tx, timed["outbox"], timed["plain"]))
 
         n = scale.n(20_000, 100_000, floor=50)
         insert_plain_many = INSERT_PLAIN_MANY.format(s=s)
@@ -149,9 +182,8 @@ def run(scale: Scale) -> list[Result]:
                     conn, [noop_request(f"many-{j}", i=j) for j in range(i, min(n, i + MANY))]
                 )
 
-        plain = _timed(n, MANY, plain_many)
-        outbox_run = _timed(n, MANY, outbox_many)
-        results.append(_result("enqueue-many", n, MANY, outbox_run, plain))
+        timed = _timed_in_turns(n, MANY, {"plain": plain_many, "outbox": outbox_many})
+        results.append(_result("enqueue-many", n, MANY, timed["outbox"], timed["plain"]))
     return results
 
 
