@@ -12,7 +12,6 @@ other busy kinds add to a round.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import psycopg
@@ -28,7 +27,7 @@ from benchmarks.common import (
     ms,
     percentile,
 )
-from outbox import ActionAttempt, ActionKind, ActionRequest, Done, Outbox
+from outbox import ActionAttempt, ActionKind, ActionRequest, Done, Outbox, event_loop
 from outbox import Result as ActionResult
 from outbox.dispatch import Claimer, broker_from_url, install
 from outbox.dispatch.fabric import Fabric
@@ -61,8 +60,9 @@ def run(scale: Scale) -> list[Result]:
             outbox.register(kind, _Unused())
         outbox.migrate()
         dispatch = install(outbox, broker_from_url(REDIS_URL))
-        one = asyncio.run(_rounds(outbox, dispatch, kinds[:1], rounds))
-        every = asyncio.run(_rounds(outbox, dispatch, kinds, rounds))
+        loop = outbox.settings.event_loop
+        one = event_loop.run(_rounds(outbox, dispatch, kinds[:1], rounds), loop)
+        every = event_loop.run(_rounds(outbox, dispatch, kinds, rounds), loop)
     rows = [one.result("claim-round-1-kind"), every.result(f"claim-round-{KINDS}-kinds")]
     for row, timings in zip(rows, (one, every), strict=True):
         row.ratio = round(timings.p50 / one.p50, 3)

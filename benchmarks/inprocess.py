@@ -12,7 +12,6 @@ the same run. Its peer, ``pgqueuer-inprocess``, drains with 5 concurrent consume
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import psycopg
@@ -30,7 +29,7 @@ from benchmarks.common import (
     ms,
     percentile,
 )
-from outbox import Abandoned, ActionAttempt, Done, Outbox
+from outbox import Abandoned, ActionAttempt, Done, Outbox, event_loop
 from outbox import Result as ActionResult
 from outbox.connecting import CONNECTION_OPTIONS
 from outbox.executor import Outcome
@@ -108,7 +107,9 @@ def run(scale: Scale) -> list[Result]:
         bulk_enqueue(schema, n)
         with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
             conn.execute(f'VACUUM ANALYZE "{schema}".agent_action')
-        seconds, rounds, round_s, per_statement = asyncio.run(run_all(outbox, n))
+        seconds, rounds, round_s, per_statement = event_loop.run(
+            run_all(outbox, n), outbox.settings.event_loop
+        )
         ceiling = pgbench.measure(
             schema, outbox.settings.pool_size, scale.seconds(quick=5, full=15)
         )

@@ -28,7 +28,6 @@ phases, not as the server's throughput (the ``inprocess`` and ``e2e`` scenarios 
 
 from __future__ import annotations
 
-import asyncio
 import re
 import subprocess
 import time
@@ -54,7 +53,7 @@ from benchmarks.common import (
 )
 from benchmarks.inprocess import NoopAdapter, run_all
 from benchmarks.rig import rig, wait_until
-from outbox import Outbox
+from outbox import Outbox, event_loop
 from outbox.retention import prune
 
 #: Actions an enqueueing transaction carries (as the e2e scenario's application).
@@ -185,7 +184,7 @@ def run(scale: Scale) -> list[Result]:
         rounds: list[float] = []
 
         def run_in_process() -> None:
-            rounds.extend(asyncio.run(run_all(outbox, n))[2])
+            rounds.extend(event_loop.run(run_all(outbox, n), outbox.settings.event_loop)[2])
 
         wal = measured(server, run_in_process)
         what = "in-process claim, take, fence, finish; p50/p99: a claim_and_run round"

@@ -12,6 +12,7 @@ from psycopg import ProgrammingError
 from psycopg.conninfo import conninfo_to_dict
 
 from outbox.errors import ConfigurationError
+from outbox.event_loop import loop_factory
 from outbox.limits import parse_limits
 from outbox.queries import validate_schema
 from outbox.request_checks import DEFAULT_MAX_PAYLOAD_BYTES
@@ -128,9 +129,13 @@ class Settings:
     #: ``EMAIL: rate=14/s, key_concurrency=10; WEBHOOK: key_rate=100/m``. Every claimer and
     #: worker of a deployment must be given the same.
     limits: str = ""
+    #: The event loop of the claimer and of each worker process's loop thread: ``auto`` (uvloop
+    #: where it is installed, else asyncio's), ``uvloop`` or ``asyncio`` (outbox/event_loop.py).
+    event_loop: str = "auto"
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
+        loop_factory(self.event_loop)  # refuses an unknown loop, or uvloop where it is missing
         parse_limits(self.limits)  # refuses a malformed or hostile value before anything runs
         if self.fabric not in FABRICS:
             raise ConfigurationError(

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from outbox import event_loop
 from outbox._io import Operation, Statement
 from outbox.errors import DrainDidNotSettle
 from outbox.executor import Outcome
@@ -89,7 +89,9 @@ async def make_due(store: Store) -> None:
 def drain(
     outbox: Outbox, *, max_rounds: int = 1000, timeout: float = 60.0, concurrency: int = 1
 ) -> DrainReport:
-    """The sync twin of ``drain_async`` (runs its own event loop)."""
-    return asyncio.run(
-        drain_async(outbox, max_rounds=max_rounds, timeout=timeout, concurrency=concurrency)
+    """The sync twin of ``drain_async`` (runs its own event loop, the outbox's
+    ``event_loop``)."""
+    return event_loop.run(
+        drain_async(outbox, max_rounds=max_rounds, timeout=timeout, concurrency=concurrency),
+        outbox.settings.event_loop,
     )

@@ -132,6 +132,29 @@ def test_end_to_end_2000_actions_over_50_lanes_each_done_once_in_lane_order(
     assert worker.stop() == 0
 
 
+@pytest.mark.parametrize("loop", ["auto", "asyncio"])
+def test_the_claimer_and_the_workers_run_on_the_event_loop_the_settings_choose(
+    rig: DispatchRig, loop: str
+) -> None:
+    """``auto`` is uvloop (installed with the outbox); ``asyncio`` is asyncio's own loop. Either
+    runs every action once."""
+    expected = "uvloop" if loop == "auto" else "asyncio"
+    worker = rig.worker(processes=2, threads=2, OUTBOX_EVENT_LOOP=loop)
+    claimer = rig.claimer(OUTBOX_EVENT_LOOP=loop)
+    ids = rig.enqueue(rig.rb, lanes=10, per_lane=3)
+    rows = rig.wait_ended(ids, timeout=60)
+    assert Counter(r["state"] for r in rows) == {"DONE": 30}
+    assert set(Counter(e["action_id"] for e in rig.effects()).values()) == {1}
+    assert claimer.stop() == 0
+    assert worker.stop() == 0
+    started = [line for line in worker.output().splitlines() if "runtime started" in line]
+    assert len(started) == 2 and all(f"({expected})" in line for line in started), started
+    assert any(
+        "claimer started" in line and line.rstrip().endswith(f", {expected}")
+        for line in claimer.output().splitlines()
+    ), claimer.output()
+
+
 def test_a_lane_runs_through_its_workers_hand_offs_and_the_claimer_claims_each_runs_first(
     rig: DispatchRig,
 ) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from outbox import event_loop
 from outbox.demo.app import Digest, PasswordReset, People, Welcome, build_outbox
 from outbox.demo.schema import DEMO_SCHEMA, fresh_demo_schema, record_demo_actions
 from outbox.email import RecipientCannotReceive, SmtpSettings, enqueue_email
@@ -337,10 +338,11 @@ def run_demo(
         worker = dramatiq.Worker(broker, worker_threads=8, worker_timeout=100)
         worker.start()
         try:
-            asyncio.run(
+            event_loop.run(
                 _claim_until_settled(
                     outbox, dispatch, Claimer, db_url, result, started, timeout, progress
-                )
+                ),
+                outbox.settings.event_loop,
             )
         finally:
             worker.stop()

@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from outbox import metrics
+from outbox import event_loop, metrics
 from outbox._io import Operation, Rows, Statement, run_async
 from outbox.connecting import CONNECTION_OPTIONS, one_line, wait_for_database
 from outbox.dispatch.claim_guard import ClaimLockBusy, close_claim_round, open_claim_round
@@ -454,10 +454,11 @@ class Claimer:
     async def run(self, stop: asyncio.Event) -> None:
         """Rounds until ``stop`` is set; a round in progress (its claim and pushes) finishes."""
         log.info(
-            "claimer started: kinds %s, in-flight bound %s, lease %ss",
+            "claimer started: kinds %s, in-flight bound %s, lease %ss, %s",
             ", ".join(self.kinds),
             self.settings.in_flight,
             self.settings.lease.total_seconds(),
+            event_loop.loop_name(asyncio.get_running_loop()),
         )
         beating = asyncio.Event()
         heartbeat = asyncio.create_task(self.heartbeat.run(beating))
@@ -586,4 +587,6 @@ async def run_claimer_async(
 
 def run_claimer(dispatch: Fabric, *, kinds: Iterable[str] | None = None) -> Mapping[str, int]:
     """The sync entry of ``outbox claimer``."""
-    return asyncio.run(run_claimer_async(dispatch, kinds=kinds))
+    return event_loop.run(
+        run_claimer_async(dispatch, kinds=kinds), dispatch.outbox.settings.event_loop
+    )

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from dramatiq.asyncio import EventLoopThread
 
+from outbox import event_loop
 from outbox.connecting import wait_for_database
 from outbox.dispatch.heartbeat import Heartbeat
 from outbox.executor import ActionExecutor, Outcome
@@ -46,6 +47,16 @@ START_TIMEOUT = 30.0
 #: Seconds of a message's time limit (the lease, from the message's start) a handed-on
 #: attempt's lease leaves unused: the fabric starts its clock a little before ``_run`` does.
 HAND_OFF_SLACK = 1.0
+
+
+class _LoopThread(EventLoopThread):
+    """Dramatiq's loop thread on the outbox's event loop (``OUTBOX_EVENT_LOOP``)."""
+
+    def __init__(self, choice: str) -> None:
+        super().__init__(log)
+        # Dramatiq made an asyncio loop that never ran: closed, and replaced before the start.
+        self.loop.close()
+        self.loop = event_loop.loop_factory(choice)()
 
 
 class WorkerRuntime:
@@ -79,14 +90,18 @@ class WorkerRuntime:
             if self._pid == os.getpid():
                 return
             self._draining = False
-            thread = EventLoopThread(log)
+            thread = _LoopThread(self.outbox.settings.event_loop)
             thread.daemon = True
             thread.start(timeout=START_TIMEOUT)
             self._stopping = asyncio.Event()
             self._opening = asyncio.run_coroutine_threadsafe(self._open(), thread.loop)
             self._thread = thread
             self._pid = os.getpid()
-            log.info("outbox worker runtime started in process %s", self._pid)
+            log.info(
+                "outbox worker runtime started in process %s (%s)",
+                self._pid,
+                event_loop.loop_name(thread.loop),
+            )
 
     async def _open(self) -> None:
         """Waits for PostgreSQL (with backoff, each wait logged), then opens the pool."""
