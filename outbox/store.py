@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from outbox._io import Operation, Statement, run_async
 from outbox.action import Action
 from outbox.batching import GroupWriter
+from outbox.binary_arrays import BinaryArray
 from outbox.fence_token import FenceToken
 from outbox.queries import queries_for
 from outbox.results import Finish
@@ -205,7 +206,10 @@ def release_claims_operation(
     tokens = list(tokens)
     if not tokens:
         return []
-    params = {"ids": [t.action_id for t in tokens], "epochs": [t.epoch for t in tokens]}
+    params = {
+        "ids": BinaryArray([t.action_id for t in tokens]),
+        "epochs": BinaryArray([t.epoch for t in tokens]),
+    }
     rows = yield Statement(queries_for(schema)["release_claims"], params)
     return list(_by_token(rows))
 
@@ -294,8 +298,8 @@ class Store:
 
     async def _take_many(self, tokens: Sequence[FenceToken]) -> dict[FenceToken, ClaimedAction]:
         params = {
-            "ids": [t.action_id for t in tokens],
-            "epochs": [t.epoch for t in tokens],
+            "ids": BinaryArray([t.action_id for t in tokens]),
+            "epochs": BinaryArray([t.epoch for t in tokens]),
             "lease": self.lease,
         }
         rows = await self._rows("take_attempts", params)
@@ -308,11 +312,11 @@ class Store:
 
     async def _fence_many(self, fences: Sequence[FenceRequest]) -> dict[FenceToken, bool]:
         params = {
-            "ids": [f[0].action_id for f in fences],
-            "epochs": [f[0].epoch for f in fences],
-            "margins": [f[1] for f in fences],
-            "refs": [f[2] for f in fences],
-            "claimed_ats": [f[3] for f in fences],
+            "ids": BinaryArray([f[0].action_id for f in fences]),
+            "epochs": BinaryArray([f[0].epoch for f in fences]),
+            "margins": BinaryArray([f[1] for f in fences]),
+            "refs": BinaryArray([f[2] for f in fences]),
+            "claimed_ats": BinaryArray([f[3] for f in fences]),
         }
         return dict.fromkeys(_by_token(await self._rows("begin_writes", params)), True)
 
@@ -322,18 +326,18 @@ class Store:
     async def _finish_many(self, finishes: Sequence[FinishRequest]) -> dict[FenceToken, Finished]:
         # One statement for every finish, one row or many: ends, retries and deferrals alike.
         params = {
-            "ids": [r[0].action_id for r in finishes],
-            "epochs": [r[0].epoch for r in finishes],
-            "states": [r[1].state.value for r in finishes],
-            "stop_reasons": [r[1].stop_reason for r in finishes],
-            "refs": [r[1].ref for r in finishes],
-            "retry_reasons": [r[1].retry_reason for r in finishes],
-            "afters": [r[1].after for r in finishes],
-            "gives_back": [r[1].gives_back_attempt for r in finishes],
-            "error_classes": [r[1].error_class for r in finishes],
-            "claimed_ats": [r[2] for r in finishes],
-            "fenced": [r[3] for r in finishes],
-            "hand_offs": [r[4] for r in finishes],
+            "ids": BinaryArray([r[0].action_id for r in finishes]),
+            "epochs": BinaryArray([r[0].epoch for r in finishes]),
+            "states": BinaryArray([r[1].state.value for r in finishes]),
+            "stop_reasons": BinaryArray([r[1].stop_reason for r in finishes]),
+            "refs": BinaryArray([r[1].ref for r in finishes]),
+            "retry_reasons": BinaryArray([r[1].retry_reason for r in finishes]),
+            "afters": BinaryArray([r[1].after for r in finishes]),
+            "gives_back": BinaryArray([r[1].gives_back_attempt for r in finishes]),
+            "error_classes": BinaryArray([r[1].error_class for r in finishes]),
+            "claimed_ats": BinaryArray([r[2] for r in finishes]),
+            "fenced": BinaryArray([r[3] for r in finishes]),
+            "hand_offs": BinaryArray([r[4] for r in finishes]),
         }
         rows = await self._rows("finish_many", params)
         return {token: Finished(_handed_on(row)) for token, row in _by_token(rows).items()}

@@ -1,0 +1,33 @@
+"""``BinaryArray``: a list that psycopg sends to PostgreSQL as a binary array.
+
+A group-committed statement (``outbox.batching``) carries its batch as arrays, a dozen of up to
+256 elements for a finish. psycopg's ``%s`` sends a list in text: it quotes and escapes each
+element (a regular expression an element), which cost the client 0.68-0.83 ms for a finish's
+twelve arrays of 100; its binary array dumper took 0.25 ms, and the server then parses no text.
+The outbox converts its statements to ``$n`` placeholders itself (``outbox._io``), which psycopg
+dumps in its automatic format, the last dumper registered for the value's class: this subclass
+of ``list`` is registered with the binary array dumper, so a ``BinaryArray`` goes in binary
+wherever psycopg sees it, and a plain list stays as it was.
+
+The registration is on psycopg's global adapters, for this class alone (nothing else of an
+application changes): a connection takes a copy of them when it connects, so one made before
+this module was imported sends a ``BinaryArray`` as the list it also is, in text.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import psycopg
+from psycopg.types.array import ListBinaryDumper
+
+T = TypeVar("T")
+
+
+class BinaryArray(list[T]):
+    """A list psycopg sends as a binary array (its element type from the first non-null
+    element, as for a list; all nulls go as an array of unknown, which the statement's cast
+    types)."""
+
+
+psycopg.adapters.register_dumper(BinaryArray, ListBinaryDumper)
