@@ -12,6 +12,7 @@ the same run. Its peer, ``pgqueuer-inprocess``, drains with 5 concurrent consume
 
 from __future__ import annotations
 
+import os
 import time
 
 import psycopg
@@ -29,6 +30,7 @@ from benchmarks.common import (
     ms,
     percentile,
 )
+from benchmarks.cpu import CpuMeter
 from outbox import Abandoned, ActionAttempt, Done, Outbox, event_loop
 from outbox import Result as ActionResult
 from outbox.connecting import CONNECTION_OPTIONS
@@ -56,9 +58,12 @@ class NoopAdapter:
 CONCURRENCY = 5
 
 
-async def run_all(outbox: Outbox, n: int) -> tuple[float, int, list[float], dict[str, float]]:
+async def run_all(
+    outbox: Outbox, n: int
+) -> tuple[float, int, list[float], dict[str, float | None]]:
     """Seconds to run every due action, the rounds it took, each round's duration, and the
-    attempts a statement of each group-committed sort carried on average."""
+    attempts a statement of each group-committed sort carried on average, with the CPU ms an
+    action of this process and of PostgreSQL (read while the pool's backends are alive)."""
     rounds: list[float] = []
     # Every connection of the pool open before the clock starts, as the peer's consumers connect
     # before its clock: a pool that grows while rounds wait for connections times its growth.
@@ -82,20 +87,23 @@ async def run_all(outbox: Outbox, n: int) -> tuple[float, int, list[float], dict
             return outcomes
 
         outcomes: list[Outcome] = []
+        cpu = CpuMeter(client=os.getpid())
+        cpu.start()
         started = time.perf_counter()
         await run_until_idle(
             claim, run, outcomes.extend, CONCURRENCY, claimed=lambda c: bool(c[1][1])
         )
         took = time.perf_counter() - started
+        cpu.stop()
         done = sum(1 for o in outcomes if o.recorded)
         if done != n:
             raise RuntimeError(f"{done} of {n} actions ended")
-        per_statement = {
+        per_statement: dict[str, float | None] = {
             f"{w.name}_per_statement": round(w.calls / w.statements, 1)
             for w in store.group_writers
             if w.statements
         }
-        return took, len(rounds), rounds, per_statement
+        return took, len(rounds), rounds, {**per_statement, **cpu.per_action_ms(n)}
 
 
 def run(scale: Scale) -> list[Result]:

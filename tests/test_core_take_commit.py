@@ -17,7 +17,7 @@ import psycopg
 from outbox import ActionKind, ActionRequest, enqueue_many
 from outbox._io import run_sync
 from outbox.queries import queries_for
-from outbox.store import claim_operation
+from outbox.store import claim_operation, intake_operation
 
 NOTE = ActionKind("NOTE")
 LEASE = timedelta(minutes=5)
@@ -70,3 +70,30 @@ def test_a_fence_waits_for_its_flush(make_outbox, conn, schema) -> None:
     }
     fenced, setting = _commit_setting(conn, q["begin_write"], fence)
     assert (fenced, setting) == (1, "on")
+
+
+def test_an_in_process_claim_and_its_fold_commit_without_waiting_for_their_flush(
+    make_outbox, conn, schema
+) -> None:
+    """An in-process claim is its own take: the fence that follows flushes it, as it flushes a
+    worker's take. The fold before it (lanes from the intake into the lane rows) is redone by
+    the next claim if a crash loses it."""
+    ob = make_outbox()
+    ob.declare(NOTE)
+    ob.migrate()
+    requests = [
+        ActionRequest(NOTE, lane_key=f"l{i}", idempotency_key=f"k{i}", workspace_id="w")
+        for i in range(3)
+    ]
+    enqueue_many(conn, requests, schema=schema)
+    conn.commit()
+    q = queries_for(schema)
+    folded, setting = _commit_setting(conn, q["lane_intake"], {"limit": 10})
+    assert (folded, setting) == (1, "off")
+    assert run_sync(conn, intake_operation(schema)).folded == 3
+    conn.commit()
+    with conn.transaction(force_rollback=True):
+        claim = claim_operation(schema, {NOTE.name: 3}, LEASE, take=True, intake=False)
+        claimed = run_sync(conn, claim)
+        (setting,) = conn.execute("SHOW synchronous_commit").fetchone()
+    assert (len(claimed), setting) == (3, "off")

@@ -30,10 +30,26 @@ COMPARISONS = (
 )
 
 
+#: The CPU an action each side reports, when both do (``inprocess`` and its peer).
+CPU_KEYS = ("client_cpu_ms_per_action", "postgres_cpu_ms_per_action", "total_cpu_ms_per_action")
+
+
+def _cpu_ratios(ours: Result, peer: Result) -> dict[str, float | None]:
+    """Per CPU key both rows carry: the peer's figure and ours over it (``<key>_ratio``: above
+    1, the outbox spends more CPU an action)."""
+    row: dict[str, float | None] = {}
+    for key in CPU_KEYS:
+        mine, theirs = ours.extra.get(key), peer.extra.get(key)
+        if isinstance(mine, float | int) and isinstance(theirs, float | int) and theirs:
+            row[f"peer_{key}"] = theirs
+            row[f"{key.removesuffix('_per_action')}_ratio"] = round(mine / theirs, 3)
+    return row
+
+
 def _row(comparison: Comparison, ours: Result, peer: Result) -> Result:
     if comparison.measure == "throughput":
         mine, theirs = ours.actions_per_s, peer.actions_per_s
-        extra = {"peer_per_s": theirs}
+        extra = {"peer_per_s": theirs, **_cpu_ratios(ours, peer)}
     else:
         mine, theirs = ours.p50_ms, peer.p50_ms
         p99 = ours.p99_ms / peer.p99_ms if ours.p99_ms and peer.p99_ms else None

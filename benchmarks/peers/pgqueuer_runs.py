@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 
@@ -24,6 +25,7 @@ from pgqueuer.types import QueueExecutionMode
 
 from benchmarks import dramatiq_raw
 from benchmarks.common import REDIS_URL, Result, Scale, bench_schema, ms, percentile
+from benchmarks.cpu import CpuMeter
 from benchmarks.peers import pgqueuer_app
 from benchmarks.peers.pgqueuer_app import ENTRYPOINT, STARTS_KEY, connect, consumer
 from benchmarks.rig import IDLE_SETTLE, REPO, paced, rig, wait_until
@@ -40,8 +42,10 @@ async def _install(schema: str) -> None:
     await conn.close()
 
 
-async def _drain(schema: str, n: int) -> tuple[float, int]:
-    """Seconds from the first job's start to the last job's end, and how many jobs ran.
+async def _drain(schema: str, n: int) -> tuple[float, int, dict[str, float | None]]:
+    """Seconds from the first job's start to the last job's end, how many jobs ran, and the CPU
+    ms a job of this process and of PostgreSQL over the drain (its consumers' connections still
+    open), as ``inprocess`` reports its own.
 
     The clock leaves out the consumers' start (a structure check, LISTEN) and their drain exit
     (their last look for work), which pgqueuer's own tool counts."""
@@ -67,18 +71,21 @@ async def _drain(schema: str, n: int) -> tuple[float, int]:
             last_end = time.perf_counter()
 
         consumers.append(pgq)
+    cpu = CpuMeter(client=os.getpid())
+    cpu.start()
     await asyncio.gather(
         *(pgq.run(batch_size=BATCH_SIZE, mode=QueueExecutionMode.drain) for pgq in consumers)
     )
+    cpu.stop()
     for conn in connections:
         await conn.close()
-    return last_end - first_start, ran
+    return last_end - first_start, ran, cpu.per_action_ms(n)
 
 
 def run_inprocess(scale: Scale) -> list[Result]:
     n = scale.n(5_000, 50_000, floor=50)  # as ``inprocess``
     with bench_schema("pgqueuer_inprocess") as schema:
-        seconds, ran = uvloop.run(_drain(schema, n))
+        seconds, ran, cpu = uvloop.run(_drain(schema, n))
     if ran != n:
         raise AssertionError(f"pgqueuer-inprocess: {ran} of {n} jobs ran")
     return [
@@ -96,6 +103,7 @@ def run_inprocess(scale: Scale) -> list[Result]:
                 "batch_size": BATCH_SIZE,
                 "strategy": "drain (pgqueuer's benchmark tool)",
                 "clock": "first job start -> last job end",
+                **cpu,
             },
         )
     ]

@@ -129,9 +129,13 @@ RETURNING *, false AS created
 -- erasures left) into the lane rows, before a claim reads them (function in migration 0015).
 -- Never waits on a lane row; returns how many lanes it took, and the kinds an operator paused (read
 -- here, in a statement every claim runs anyway, so a pause costs the claim nothing).
+-- It commits without waiting for its WAL flush (an in-process claim runs it on its own; a claim
+-- round's transaction already does): a fold that a server crash loses leaves the intake rows
+-- where they were, and the next claim folds them again.
 SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
        (SELECT coalesce(array_agg(p.kind), '{}') FROM {schema}.agent_action_kind_pause p)
            AS paused
+ WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
 
 -- name: claim_heads
 -- Due, idle lane heads of one kind become EXECUTING under a lease: the epoch rises, the
@@ -159,6 +163,11 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
 -- worker took spent no attempt, whatever the count. Up to `limit` of them, and the heads fill
 -- what they left; without `heads`, only the reclaims (a kind whose claims a stalled claimer
 -- only probes): no key is walked and no head claimed.
+-- It commits without waiting for its WAL flush, as take_attempt does (a claim round's
+-- transaction already does): an in-process claim, which is also the take, is followed by the
+-- attempt's fence, which commits synchronously and so flushes the claim first; a claim that a
+-- server crash loses was followed by no write, and its action is due again. In process, it was
+-- most of a claim's wait: the claims take turns (outbox/rounds.py), so their commits set the pace.
 WITH RECURSIVE expired AS (
     SELECT a.id
       FROM {schema}.agent_action a
@@ -313,6 +322,7 @@ WITH RECURSIVE expired AS (
 SELECT c.*, w.keys AS walked
   FROM walked w
   LEFT JOIN (SELECT * FROM reclaimed UNION ALL SELECT * FROM claimed) c ON true
+ WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
 
 -- name: end_lost_leases
 -- Executing actions whose lease expired and that may not run again end: an at-most-once one
