@@ -564,7 +564,7 @@ CREATE TABLE outbox.agent_action (
     CONSTRAINT ck_agent_action_stop_reason CHECK (((state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) = (stop_reason IS NOT NULL))),
     CONSTRAINT ck_agent_action_waiting_unfenced CHECK (((state <> ALL (ARRAY['PROPOSED'::text, 'ADMITTED'::text])) OR ((lease_until IS NULL) AND (write_started_at IS NULL))))
 )
-WITH (fillfactor='50');
+WITH (fillfactor='70');
 
 -- table agent_action_attempt
 
