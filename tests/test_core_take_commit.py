@@ -23,7 +23,7 @@ NOTE = ActionKind("NOTE")
 LEASE = timedelta(minutes=5)
 
 
-def _claimed(make_outbox, conn: psycopg.Connection, schema: str, n: int) -> list[tuple[int, int]]:
+def _enqueued(make_outbox, conn: psycopg.Connection, schema: str, n: int) -> None:
     ob = make_outbox()
     ob.declare(NOTE)
     ob.migrate()
@@ -33,6 +33,10 @@ def _claimed(make_outbox, conn: psycopg.Connection, schema: str, n: int) -> list
     ]
     enqueue_many(conn, requests, schema=schema)
     conn.commit()
+
+
+def _claimed(make_outbox, conn: psycopg.Connection, schema: str, n: int) -> list[tuple[int, int]]:
+    _enqueued(make_outbox, conn, schema, n)
     claimed = run_sync(conn, claim_operation(schema, {NOTE.name: n}, LEASE, take=False))
     conn.commit()
     return [(c.action.id, c.action.epoch) for c in claimed]
@@ -78,15 +82,7 @@ def test_an_in_process_claim_and_its_fold_commit_without_waiting_for_their_flush
     """An in-process claim is its own take: the fence that follows flushes it, as it flushes a
     worker's take. The fold before it (lanes from the intake into the lane rows) is redone by
     the next claim if a crash loses it."""
-    ob = make_outbox()
-    ob.declare(NOTE)
-    ob.migrate()
-    requests = [
-        ActionRequest(NOTE, lane_key=f"l{i}", idempotency_key=f"k{i}", workspace_id="w")
-        for i in range(3)
-    ]
-    enqueue_many(conn, requests, schema=schema)
-    conn.commit()
+    _enqueued(make_outbox, conn, schema, 3)
     q = queries_for(schema)
     folded, setting = _commit_setting(conn, q["lane_intake"], {"limit": 10})
     assert (folded, setting) == (1, "off")
