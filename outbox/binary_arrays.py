@@ -25,9 +25,9 @@ T = TypeVar("T")
 
 
 class BinaryArray(list[T]):
-    """A list psycopg sends as a binary array (its element type from the first non-null
-    element, as for a list; all nulls go as an array of unknown, which the statement's cast
-    types)."""
+    """A list psycopg sends as a binary array (its element type chosen as for a list: the
+    widest integer decides an integer array's; all nulls go as an array of unknown, which the
+    statement's cast types)."""
 
 
 psycopg.adapters.register_dumper(BinaryArray, ListBinaryDumper)
