@@ -91,7 +91,12 @@ async def run_all(
         cpu.start()
         started = time.perf_counter()
         await run_until_idle(
-            claim, run, outcomes.extend, CONCURRENCY, claimed=lambda c: bool(c[1][1])
+            claim,
+            run,
+            outcomes.extend,
+            CONCURRENCY,
+            claimed=lambda c: bool(c[1][1]),
+            claims_overlap=outbox._claims_may_overlap(None),
         )
         took = time.perf_counter() - started
         cpu.stop()

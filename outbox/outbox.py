@@ -187,18 +187,34 @@ class Outbox:
 
         ``concurrency`` rounds overlap on the executor's pool: one claims while others fence
         and finish, and their fences and finishes share group-commit statements
-        (``outbox.rounds``). Keep it below the pool's size (``pool_size``): each round holds a
-        connection while it claims, and each sort of group-commit statement up to two.
+        (``outbox.rounds``); their claims overlap too unless a kind has a concurrency cap. Keep
+        it below the pool's size (``pool_size``): each round holds a connection while it
+        claims, and each sort of group-commit statement up to two.
         """
         outcomes: list[Outcome] = []
+        names = list(kinds) if kinds is not None else None
         await rounds.run_until_idle(
-            lambda: self._claim(executor, kinds, limit),
+            lambda: self._claim(executor, names, limit),
             lambda claim: self._run_claimed(executor, claim),
             outcomes.extend,
             concurrency,
             claimed=lambda claim: bool(claim[1]),
+            claims_overlap=self._claims_may_overlap(names),
         )
         return outcomes
+
+    def _claims_may_overlap(self, kinds: Iterable[str] | None) -> bool:
+        """Whether in-process claims of ``kinds`` (default: those with an adapter here) may run
+        at once: not when one of them has a concurrency cap, which a claim checks against the
+        executing actions it reads, and a claim beside it has not committed yet."""
+        kind_limits = self.kind_limits()
+        for name in kinds if kinds is not None else self.adapters:
+            limits = kind_limits.get(name)
+            if limits is not None and (
+                limits.concurrency is not None or limits.key_concurrency is not None
+            ):
+                return False
+        return True
 
     async def _claim(
         self, executor: ActionExecutor, kinds: Iterable[str] | None, limit: int | None

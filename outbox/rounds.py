@@ -4,7 +4,10 @@ A round (``Outbox.claim_and_run``) claims, then runs what it claimed: its statem
 after the other (the claim, then the fences, then the finishes), so a single loop leaves the
 database and the process waiting on each other most of the time. With ``concurrency`` loops, one
 claims while others fence and finish; their fences and finishes join the same group-commit
-statements (``outbox.batching``). The claims take turns, one at a time.
+statements (``outbox.batching``). The claims take turns, one at a time, unless the caller says
+they may overlap (``claims_overlap``): a claim locks lane rows as its scan finds them and skips
+those another claim holds, so claims at once take different lanes; only a count that a claim
+reads and the others' uncommitted claims change (a key's concurrency cap) needs them in turn.
 
 Idle, as for a single loop: a claim found nothing while no other round was claiming or running,
 and nothing was claimed or finished since it started (a finish may make a lane's next action
@@ -16,6 +19,7 @@ still claim or run waits until one of them claims or finishes something.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -29,14 +33,16 @@ async def run_until_idle(
     on_round: Callable[[Sequence[T]], None],
     concurrency: int = 1,
     claimed: Callable[[C], bool] = bool,
+    claims_overlap: bool = False,
 ) -> None:
     """Runs rounds of ``claim()`` then ``run(what it claimed)`` in ``concurrency`` overlapping
     loops until idle; ``on_round`` hears of every round that ran something, as it ends;
-    ``claimed`` tells whether a claim took anything. An exception from any of them ends every
-    loop (their rounds are cancelled: what they claimed is left to its lease) and is raised."""
+    ``claimed`` tells whether a claim took anything; ``claims_overlap``: claims need not take
+    turns. An exception from any of them ends every loop (their rounds are cancelled: what they
+    claimed is left to its lease) and is raised."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, not {concurrency}")
-    state = _Rounds()
+    state = _Rounds(claims_overlap)
 
     async def loop() -> None:
         while not state.idle:
@@ -75,13 +81,14 @@ class _Rounds:
     """What the loops share: rounds claiming or running now, how often something was claimed
     or finished, and whether they are idle."""
 
-    def __init__(self) -> None:
+    def __init__(self, claims_overlap: bool) -> None:
         self.busy = 0
         self.changes = 0
         self.idle = False
-        #: One claim at a time: two claims at once would pick the same lane heads, and one of
-        #: them would skip what the other locked and come back with little or nothing.
-        self.claiming = asyncio.Lock()
+        #: One claim at a time, unless claims may overlap.
+        self.claiming: contextlib.AbstractAsyncContextManager[object] = (
+            contextlib.nullcontext() if claims_overlap else asyncio.Lock()
+        )
         self._change = asyncio.Event()
 
     def change(self) -> None:

@@ -1,5 +1,6 @@
 """Overlapping in-process rounds (``Outbox.run_until_idle``, ``drain(concurrency=...)``): every
-action runs once, lanes keep their order, rounds overlap, and idle means idle."""
+action runs once, lanes keep their order, rounds and their claims overlap, a key's concurrency
+cap holds all the same, and idle means idle."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ import psycopg
 import pytest
 
 from outbox import Abandoned, ActionAttempt, ActionKind, ActionRequest, Done, Retry, enqueue
+from outbox._io import run_sync
+from outbox.limits import KindLimits
+from outbox.rounds import run_until_idle
+from outbox.store import claim_operation, intake_operation
 from outbox.testing import drain
 
 NOTE = ActionKind("NOTE")
@@ -137,3 +142,107 @@ def test_concurrency_must_be_positive(make_outbox):
     ob = build(make_outbox, LaneRecorder())
     with pytest.raises(ValueError, match="concurrency"):
         asyncio.run(run(ob, concurrency=0))
+
+
+def test_a_claim_beside_an_uncommitted_claim_takes_the_next_lanes(make_outbox, database_url):
+    """The second claim's scan skips the lanes the first one locked and goes on: it takes as
+    many as it asked for, none of the first's."""
+    ob = build(make_outbox, LaneRecorder())
+    ids = put(ob, database_url, lanes=30, per_lane=1)
+    with psycopg.connect(database_url) as conn:
+        run_sync(conn, intake_operation(ob.schema))  # the lane rows, committed
+        conn.commit()
+    lease = ob.settings.lease
+    with psycopg.connect(database_url) as first, psycopg.connect(database_url) as second:
+        taken_first = run_sync(first, claim_operation(ob.schema, {NOTE.name: 10}, lease, take=True))
+        taken_second = run_sync(
+            second, claim_operation(ob.schema, {NOTE.name: 10}, lease, take=True)
+        )
+        first.commit()
+        second.commit()
+
+    first_ids = {c.action.id for c in taken_first}
+    second_ids = {c.action.id for c in taken_second}
+    assert len(first_ids) == len(second_ids) == 10
+    assert not first_ids & second_ids
+    assert first_ids | second_ids <= set(ids)
+
+
+class CountingClaims:
+    """A claim that waits a moment and counts the most claims running at once."""
+
+    def __init__(self, rounds: int) -> None:
+        self.left = rounds
+        self.running = 0
+        self.most = 0
+
+    async def claim(self) -> int:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        await asyncio.sleep(0.01)
+        self.running -= 1
+        if self.left <= 0:
+            return 0
+        self.left -= 1
+        return 1
+
+    @staticmethod
+    async def run(claimed: int) -> list[int]:
+        await asyncio.sleep(0.01)
+        return [claimed]
+
+
+@pytest.mark.parametrize(("claims_overlap", "most"), [(False, 1), (True, 4)])
+def test_claims_take_turns_unless_they_may_overlap(claims_overlap, most):
+    claims = CountingClaims(rounds=12)
+    ran: list[int] = []
+
+    asyncio.run(
+        run_until_idle(claims.claim, claims.run, ran.extend, 4, claims_overlap=claims_overlap)
+    )
+
+    assert ran == [1] * 12
+    assert claims.most == most
+
+
+class KeyGauge:
+    """Counts the most attempts of one limit key running at once."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, int] = defaultdict(int)
+        self.most: dict[str, int] = defaultdict(int)
+
+    async def execute(self, attempt: ActionAttempt) -> Done | Abandoned:
+        if not await attempt.fence().begin_write():
+            return Abandoned()
+        key = attempt.action.workspace_id
+        self.running[key] += 1
+        self.most[key] = max(self.most[key], self.running[key])
+        await asyncio.sleep(0.05)
+        self.running[key] -= 1
+        return Done()
+
+
+def test_a_key_cap_holds_across_overlapping_rounds(make_outbox, database_url):
+    """Claims of a kind with a key cap take turns: a claim beside another would count the
+    key's executing actions without the other's, and each would fill the cap."""
+    capped = ActionKind(NOTE.name, limits=KindLimits(key_concurrency=2))
+    gauge = KeyGauge()
+    ob = make_outbox()
+    ob.register(capped, gauge)
+    ob.migrate()
+    with psycopg.connect(database_url) as conn:
+        for i in range(24):
+            enqueue(
+                conn,
+                ActionRequest(
+                    capped, workspace_id=f"w{i % 3}", lane_key=f"lane-{i}", idempotency_key=f"k{i}"
+                ),
+                schema=ob.schema,
+            )
+        conn.commit()
+
+    outcomes = asyncio.run(run(ob, limit=10, concurrency=5))
+
+    assert len(outcomes) == 24
+    assert max(gauge.most.values()) == 2

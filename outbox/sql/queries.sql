@@ -248,49 +248,37 @@ WITH RECURSIVE expired AS (
                                / cardinality(walked.keys)) AS share) s
       LEFT JOIN busy ON busy.k = u.k
 ), candidates AS (
+    -- Each key's lane rows are locked as the scan finds them, skipping those another
+    -- transaction holds: a claim beside another (in process, rounds may claim at once) takes
+    -- the lanes after the ones the other locked, not the same candidates only to skip them.
+    -- A row is rechecked as it is locked: a lane claimed meanwhile is passed over.
     SELECT c.lane_key, c.head_id, c.head_priority, c.head_due_at, keys.ord, c.rn
       FROM keys
      CROSS JOIN LATERAL (
-           SELECT l.lane_key, l.head_id, l.head_priority, l.head_due_at,
+           SELECT x.*,
                   -- A ROWS frame: the default (RANGE) frame makes the window read every
                   -- head that ties on (priority, due time) before its first row, and a
                   -- batch enqueue gives a thousand lanes the same due time.
-                  row_number() OVER (ORDER BY l.head_priority DESC, l.head_due_at
+                  row_number() OVER (ORDER BY x.head_priority DESC, x.head_due_at
                                      ROWS UNBOUNDED PRECEDING) AS rn
-             FROM {schema}.agent_action_lane l
-            WHERE l.executing_id IS NULL
-              AND l.head_due_at IS NOT NULL
-              AND l.head_due_at <= now()
-              AND (l.busy_until IS NULL OR l.busy_until <= now())  -- an erased write may still run
-              AND l.head_kind = %(kind)s
-              AND l.head_limit_key = keys.k
-            ORDER BY l.head_priority DESC, l.head_due_at
-            LIMIT keys.share) c
-     WHERE c.rn <= keys.room
+             FROM (SELECT l.lane_key, l.head_id, l.head_priority, l.head_due_at
+                     FROM {schema}.agent_action_lane l
+                    WHERE l.executing_id IS NULL
+                      AND l.head_due_at IS NOT NULL
+                      AND l.head_due_at <= now()
+                      -- an erased write may still run
+                      AND (l.busy_until IS NULL OR l.busy_until <= now())
+                      AND l.head_kind = %(kind)s
+                      AND l.head_limit_key = keys.k
+                    ORDER BY l.head_priority DESC, l.head_due_at
+                    LIMIT greatest(keys.room, 0)
+                      FOR UPDATE OF l SKIP LOCKED) x) c
      ORDER BY c.rn, c.head_priority DESC, c.head_due_at, keys.ord
      LIMIT (SELECT n FROM room)
-), heads AS (
-    -- One primary-key probe a candidate (a lateral lock is never turned into a scan of the
-    -- whole lane table, which a join's row estimate could choose). The tests of this probe,
-    -- and of the action's below, are written `(...) IS TRUE`, which the planner cannot match
-    -- to a partial index's predicate: planned while the statistics say the tables are empty (a
-    -- new outbox's first burst), a scan of ix_agent_action_lane_ready, or of the due actions,
-    -- looked as cheap as the probe, and ran once a candidate.
-    SELECT h.head_id
-      FROM candidates c
-     CROSS JOIN LATERAL (
-           SELECT l.head_id
-             FROM {schema}.agent_action_lane l
-            WHERE l.lane_key = c.lane_key
-              AND (l.executing_id IS NULL) IS TRUE
-              AND l.head_id = c.head_id
-              AND (l.head_due_at <= now()) IS TRUE
-              AND (l.busy_until IS NULL OR l.busy_until <= now())
-              FOR UPDATE OF l SKIP LOCKED) h
 ), ready AS (
     SELECT a.id
-      FROM heads
-      JOIN {schema}.agent_action a ON a.id = heads.head_id
+      FROM candidates c
+      JOIN {schema}.agent_action a ON a.id = c.head_id
      -- The lane row may lag its intake (a concurrent transaction's earlier id committed after
      -- this head was folded): the head is its lane's first waiting action among what
      -- committed, found by one probe of ix_agent_action_lane_waiting (ordered by id, so a
