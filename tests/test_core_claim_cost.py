@@ -137,6 +137,27 @@ def test_history_costs_a_claim_nothing(make_outbox, database_url, schema):
     assert with_history <= 1.5 * small, (with_history, small)
 
 
+@pytest.mark.slow
+def test_many_due_heads_cost_a_claim_no_more_than_a_few(make_outbox, database_url, schema):
+    """A claim of 100 reaches each candidate's action by a probe of its own, however many
+    actions are due: a join there was planned as a hash join over a scan of every admitted
+    action wherever that scan looked cheaper than the probes (a table of a few thousand)."""
+    outbox_on(make_outbox)
+    with psycopg.connect(database_url) as conn:
+        fill(conn, schema, hot_lane=0, single_lanes=1_000)
+        few, few_visited, few_rows = claim_buffers(conn, schema)
+        conn.execute(
+            f'TRUNCATE "{schema}".agent_action, "{schema}".agent_action_lane,'
+            f' "{schema}".agent_action_lane_intake'
+        )
+        conn.commit()
+        fill(conn, schema, hot_lane=0, single_lanes=3_000)
+        many, many_visited, many_rows = claim_buffers(conn, schema)
+    assert few_rows == many_rows == 100
+    assert many_visited <= 1.1 * few_visited, (many_visited, few_visited)
+    assert many <= 1.1 * few, (many, few)
+
+
 def test_a_small_claim_reads_few_heads_of_many_that_tie(make_outbox, database_url, schema):
     """One batch enqueue gives every lane's head the same due time: a claim of one head reads a
     few of them, not every head that ties on (priority, due time)."""

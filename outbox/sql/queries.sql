@@ -276,23 +276,33 @@ WITH RECURSIVE expired AS (
      ORDER BY c.rn, c.head_priority DESC, c.head_due_at, keys.ord
      LIMIT (SELECT n FROM room)
 ), ready AS (
-    SELECT a.id
+    -- One primary-key probe a candidate, locked in the probe: a join here was planned as a
+    -- hash join over a scan of every admitted action once the candidates' row estimate grew
+    -- (a lock in a lateral subquery is never turned into such a scan). The probe's tests are
+    -- written `(...) IS TRUE`, which the planner cannot match to a partial index's predicate:
+    -- planned while the statistics say the table is empty (a new outbox's first burst), a
+    -- scan of the due actions looked as cheap as the probe, and ran once a candidate.
+    SELECT h.id
       FROM candidates c
-      JOIN {schema}.agent_action a ON a.id = c.head_id
+     CROSS JOIN LATERAL (
+           SELECT a.id, a.lane_key
+             FROM {schema}.agent_action a
+            WHERE a.id = c.head_id
+              AND (a.state = 'ADMITTED') IS TRUE
+              AND (a.expires_at IS NULL OR a.expires_at > now()) IS TRUE
+              FOR UPDATE OF a SKIP LOCKED) h  -- a head an application's erasure holds is left
      -- The lane row may lag its intake (a concurrent transaction's earlier id committed after
      -- this head was folded): the head is its lane's first waiting action among what
      -- committed, found by one probe of ix_agent_action_lane_waiting (ordered by id, so a
-     -- plan never reads the lane's, or every lane's, waiting actions to compare).
+     -- plan never reads the lane's, or every lane's, waiting actions to compare). A head
+     -- that is not (locked above, claimed by nobody) stays locked until the claim commits.
      CROSS JOIN LATERAL (
            SELECT b.id
              FROM {schema}.agent_action b
-            WHERE b.lane_key = a.lane_key AND b.state IN ('PROPOSED', 'ADMITTED')
+            WHERE b.lane_key = h.lane_key AND b.state IN ('PROPOSED', 'ADMITTED')
             ORDER BY b.id
             LIMIT 1) first
-     WHERE (a.state = 'ADMITTED') IS TRUE
-       AND (a.expires_at IS NULL OR a.expires_at > now())
-       AND first.id = a.id
-       FOR UPDATE OF a SKIP LOCKED  -- a head an application's erasure holds is left
+     WHERE first.id = h.id
 ), claimed AS (
     UPDATE {schema}.agent_action a
        SET state = 'EXECUTING', epoch = a.epoch + 1, lease_until = now() + %(lease)s,
