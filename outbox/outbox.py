@@ -220,14 +220,23 @@ class Outbox:
         self, executor: ActionExecutor, kinds: Iterable[str] | None, limit: int | None
     ) -> tuple[float, list[ClaimedAction]]:
         """Claims (and so takes) due actions of ``kinds``; with ``time.monotonic()`` from before
-        the claim, which the attempts' deadlines count from."""
+        the claim, which the attempts' deadlines count from. A kind with a concurrency cap
+        claims no more than the cap leaves beside its executing actions (rounds of this
+        process claim in turn then, ``_claims_may_overlap``, so each counts the others')."""
         names = list(kinds) if kinds is not None else list(self.adapters)
         per_kind = limit or self.settings.batch_size
         kind_limits = self.kind_limits()
         bounds = {}
+        caps = {}
         for name in names:
             limits = kind_limits.get(name)
             bounds[name] = per_kind if limits is None else limits.in_flight_bound(per_kind)
+            if limits is not None and limits.concurrency is not None:
+                caps[name] = limits.concurrency
+        if caps:
+            executing = await executor.store.in_flight(caps)
+            for name, cap in caps.items():
+                bounds[name] = min(bounds[name], max(0, cap - executing[name]))
         key_caps = {
             name: limits.key_concurrency
             for name, limits in kind_limits.items()

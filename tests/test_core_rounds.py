@@ -205,8 +205,8 @@ def test_claims_take_turns_unless_they_may_overlap(claims_overlap, most):
     assert claims.most == most
 
 
-class KeyGauge:
-    """Counts the most attempts of one limit key running at once."""
+class Gauge:
+    """Counts the most attempts running at once, in all and of each workspace."""
 
     def __init__(self) -> None:
         self.running: dict[str, int] = defaultdict(int)
@@ -215,11 +215,12 @@ class KeyGauge:
     async def execute(self, attempt: ActionAttempt) -> Done | Abandoned:
         if not await attempt.fence().begin_write():
             return Abandoned()
-        key = attempt.action.workspace_id
-        self.running[key] += 1
-        self.most[key] = max(self.most[key], self.running[key])
+        for key in ("all", attempt.action.workspace_id):
+            self.running[key] += 1
+            self.most[key] = max(self.most[key], self.running[key])
         await asyncio.sleep(0.05)
-        self.running[key] -= 1
+        for key in ("all", attempt.action.workspace_id):
+            self.running[key] -= 1
         return Done()
 
 
@@ -227,7 +228,7 @@ def test_a_key_cap_holds_across_overlapping_rounds(make_outbox, database_url):
     """Claims of a kind with a key cap take turns: a claim beside another would count the
     key's executing actions without the other's, and each would fill the cap."""
     capped = ActionKind(NOTE.name, limits=KindLimits(key_concurrency=2))
-    gauge = KeyGauge()
+    gauge = Gauge()
     ob = make_outbox()
     ob.register(capped, gauge)
     ob.migrate()
@@ -245,4 +246,21 @@ def test_a_key_cap_holds_across_overlapping_rounds(make_outbox, database_url):
     outcomes = asyncio.run(run(ob, limit=10, concurrency=5))
 
     assert len(outcomes) == 24
-    assert max(gauge.most.values()) == 2
+    assert max(n for key, n in gauge.most.items() if key != "all") == 2
+
+
+def test_a_kind_cap_holds_across_overlapping_rounds(make_outbox, database_url):
+    """Each round's claim takes only what the kind's cap leaves beside the actions the other
+    rounds run."""
+    capped = ActionKind(NOTE.name, limits=KindLimits(concurrency=2))
+    gauge = Gauge()
+    ob = make_outbox()
+    ob.register(capped, gauge)
+    ob.migrate()
+    put(ob, database_url, lanes=20, per_lane=1)
+
+    outcomes = asyncio.run(run(ob, concurrency=5))
+
+    assert len(outcomes) == 20
+    assert all(o.recorded for o in outcomes)
+    assert gauge.most["all"] == 2
