@@ -189,7 +189,7 @@ class Outbox:
         and finish, and their fences and finishes share group-commit statements
         (``outbox.rounds``); their claims overlap too unless a kind has a concurrency cap. Keep
         it below the pool's size (``pool_size``): each round holds a connection while it
-        claims, and each sort of group-commit statement up to two.
+        claims, and each sort of group-commit statement one.
         """
         outcomes: list[Outcome] = []
         names = list(kinds) if kinds is not None else None

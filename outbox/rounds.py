@@ -7,7 +7,8 @@ claims while others fence and finish; their fences and finishes join the same gr
 statements (``outbox.batching``). The claims take turns, one at a time, unless the caller says
 they may overlap (``claims_overlap``): a claim locks lane rows as its scan finds them and skips
 those another claim holds, so claims at once take different lanes; only a count that a claim
-reads and the others' uncommitted claims change (a key's concurrency cap) needs them in turn.
+reads and the others' uncommitted claims change (a concurrency cap, of a kind or of a key)
+needs them in turn.
 
 Idle, as for a single loop: a claim found nothing while no other round was claiming or running,
 and nothing was claimed or finished since it started (a finish may make a lane's next action
