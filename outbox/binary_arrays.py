@@ -12,6 +12,12 @@ wherever psycopg sees it, and a plain list stays as it was.
 The registration is on psycopg's global adapters, for this class alone (nothing else of an
 application changes): a connection takes a copy of them when it connects, so one made before
 this module was imported sends a ``BinaryArray`` as the list it also is, in text.
+
+The group-commit statements wrap their arrays at their call sites (``outbox.store``), and no
+other statement's lists are sent this way: turning every list into a ``BinaryArray`` where
+statements are sent (``outbox._io.as_sent``) would change what some statements receive (a list
+of strings goes in text as an array of unknown, which an uncast ``$1`` returns as one string,
+and in binary as ``text[]``), and psycopg's binary dumper refuses a list of lists.
 """
 
 from __future__ import annotations
