@@ -337,3 +337,38 @@ def test_a_connection_given_its_own_cursor_class_runs_the_enqueue_on_it(
         assert len(sent) == 3 and "%(idempotency_key)s" in sent[0]
         assert first.created and again.id == first.id and not again.created
         assert len(rows(conn, schema)) == 1
+
+
+def action_row(state) -> dict:
+    """A row of every column ``from_row`` reads (each value differs from every other), and two
+    it ignores."""
+    when = [datetime(2030, 1, day, tzinfo=UTC) for day in range(1, 8)]
+    return {
+        "id": 7, "kind": "NOTE", "state": state, "workspace_id": "w", "lane_key": "lane",
+        "idempotency_key": "key", "payload": {"n": 1}, "subject_account_id": "acct",
+        "max_attempts": 4, "expires_at": when[0], "attempt": 2, "epoch": 3,
+        "available_at": when[1], "lease_until": when[2], "write_started_at": when[3],
+        "readback_ref": "ref", "stop_reason": "stop", "created_at": when[4],
+        "ended_at": when[5], "retry_reason": "again", "earlier_write_at": when[6],
+        "priority": -3, "lease_left": "ignored", "walked": ["ignored"],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("state", [ActionState.EXECUTING, "DONE"])
+def test_an_action_read_from_a_row_is_made_as_the_dataclass_would_make_it(state):
+    # from_row sets the slots itself: each field gets its own column, a column the row lacks
+    # (limit_key, created) takes the field's default, and other columns are ignored.
+    row = action_row(state)
+    made = Action.from_row(row)
+    given = {k: v for k, v in row.items() if k not in ("lease_left", "walked")}
+    assert type(made) is Action
+    assert made == Action(**{**given, "state": ActionState(state)})
+    assert made.state is ActionState(state)
+    assert (made.limit_key, made.created) == (None, False)
+    with pytest.raises(FrozenInstanceError):
+        made.epoch = 4  # type: ignore[misc]
+
+
+def test_an_action_row_with_an_unknown_state_is_refused():
+    with pytest.raises(ValueError, match="LOST"):
+        Action.from_row(action_row("LOST"))
