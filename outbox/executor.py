@@ -121,9 +121,10 @@ class ActionExecutor:
         attempt = ActionAttempt(
             action, self.store, self.settings.write_margin, deadline, self._claimed_at(action)
         )
-        waited = await self._wait_for_slot(attempt)
-        if waited is not None:
-            return await self._finish(action, waited, hand_off)
+        if self.limiter.rated(action.kind):
+            waited = await self._wait_for_slot(attempt)
+            if waited is not None:
+                return await self._finish(action, waited, hand_off)
         result = await self._execute(adapter, attempt)
         if isinstance(result, Defer):
             # A provider's pause (429, Retry-After) holds the kind's (and key's) slots for every
@@ -134,9 +135,9 @@ class ActionExecutor:
         )
 
     async def _wait_for_slot(self, attempt: ActionAttempt) -> Defer | None:
-        """A rate-limited kind: reserves the action's slot and sleeps until just before it
-        (None), or, when the slot is further away than this attempt may wait, the deferral
-        until about then. The fence then waits out the rest (``_on_time``)."""
+        """An attempt of a rate-limited kind: reserves the action's slot and sleeps until just
+        before it (None), or, when the slot is further away than this attempt may wait, the
+        deferral until about then. The fence then waits out the rest (``_on_time``)."""
         margin = self.settings.write_margin.total_seconds()
         # The adapter still needs its write margin after the wait, and a second to spare.
         may_wait = max(0.0, min(MAX_SLOT_WAIT.total_seconds(), attempt.time_left() - margin - 1))

@@ -131,6 +131,10 @@ class RateLimiter:
         self.kind_limits = {kind: limits for kind, limits in kind_limits.items() if limits.rated}
         self.clock = DbClock()
 
+    def rated(self, kind: str) -> bool:
+        """Whether ``kind`` has a rate limit (an attempt of any other waits for no slot)."""
+        return kind in self.kind_limits
+
     def buckets(self, action: Action) -> list[tuple[str, timedelta]]:
         limits = self.kind_limits.get(action.kind)
         if limits is None:
