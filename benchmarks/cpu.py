@@ -20,11 +20,12 @@ def _stat(pid: int) -> tuple[int, float] | None:
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS
 
 
-def tree_cpu_seconds(root: int) -> float | None:
-    """CPU seconds of ``root`` and every live descendant (children that exited are not seen);
-    of this process alone when ``root`` is this process (its children are measured apart)."""
+def tree_cpu_seconds(root: int) -> dict[int, float] | None:
+    """CPU seconds of ``root`` and every live descendant, by pid (children that exited are not
+    seen); of this process alone when ``root`` is this process (its children are measured
+    apart)."""
     if root == os.getpid():
-        return time.process_time()
+        return {root: time.process_time()}
     if not Path("/proc").is_dir():
         return None
     stats: dict[int, tuple[int, float]] = {}
@@ -35,24 +36,23 @@ def tree_cpu_seconds(root: int) -> float | None:
                 stats[int(entry.name)] = stat
     if root not in stats:
         return None
-    tree, total, grew = {root}, 0.0, True
+    tree, grew = {root}, True
     while grew:
         grew = False
         for pid, (parent, _) in stats.items():
             if parent in tree and pid not in tree:
                 tree.add(pid)
                 grew = True
-    for pid in tree:
-        total += stats[pid][1]
-    return total
+    return {pid: stats[pid][1] for pid in tree}
 
 
-def named_cpu_seconds(command: str) -> float | None:
+def named_cpu_seconds(command: str) -> dict[int, float] | None:
     """CPU seconds of every live process whose command name starts with ``command`` (the
-    services: ``postgres``, ``redis-server``); a backend that exits in between is not seen."""
+    services: ``postgres``, ``redis-server``), by pid; a backend that exits in between is not
+    seen."""
     if not Path("/proc").is_dir():
         return None
-    total = 0.0
+    seconds: dict[int, float] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -63,8 +63,16 @@ def named_cpu_seconds(command: str) -> float | None:
             continue
         stat = _stat(int(entry.name))
         if stat is not None:
-            total += stat[1]
-    return total
+            seconds[int(entry.name)] = stat[1]
+    return seconds
+
+
+def used_between(then: dict[int, float], now: dict[int, float]) -> float:
+    """CPU seconds used between two readings by pid: each process alive at the second, less
+    what it had used at the first (nothing for one that started since). A process that ended
+    in between is not counted: a sum of the two readings' totals would count its whole life
+    against the interval, and went negative when another client's backend exited."""
+    return sum(max(0.0, used - then.get(pid, 0.0)) for pid, used in now.items())
 
 
 #: The services every broker scenario shares the two cores with, by command name.
@@ -77,10 +85,10 @@ class CpuMeter:
 
     def __init__(self, **roots: int) -> None:
         self.roots = roots
-        self._start: dict[str, float | None] = {}
+        self._start: dict[str, dict[int, float] | None] = {}
         self.used: dict[str, float | None] = {}
 
-    def _read(self) -> dict[str, float | None]:
+    def _read(self) -> dict[str, dict[int, float] | None]:
         seconds = {name: tree_cpu_seconds(pid) for name, pid in self.roots.items()}
         seconds.update({name: named_cpu_seconds(cmd) for name, cmd in SERVICES.items()})
         return seconds
@@ -91,7 +99,7 @@ class CpuMeter:
     def stop(self) -> None:
         for name, now in self._read().items():
             then = self._start.get(name)
-            self.used[name] = None if now is None or then is None else now - then
+            self.used[name] = None if now is None or then is None else used_between(then, now)
 
     def per_action_ms(self, n: int) -> dict[str, float | None]:
         """Each tree's and service's CPU ms an action, and their sum (``total``; None if any
