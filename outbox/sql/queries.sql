@@ -166,8 +166,9 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
 -- It commits without waiting for its WAL flush, as take_attempt does (a claim round's
 -- transaction already does): an in-process claim, which is also the take, is followed by the
 -- attempt's fence, which commits synchronously and so flushes the claim first; a claim that a
--- server crash loses was followed by no write, and its action is due again. In process the
--- claims take turns (outbox/rounds.py), so an hour of slow flushes would set every round's pace.
+-- server crash loses was followed by no write, and its action is due again. In process, where
+-- claims take turns (a kind with a concurrency cap, outbox/rounds.py), an hour of slow flushes
+-- would otherwise set every round's pace.
 WITH RECURSIVE expired AS (
     SELECT a.id
       FROM {schema}.agent_action a
