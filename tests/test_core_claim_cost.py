@@ -92,6 +92,22 @@ def claim_buffers(conn, schema: str, limit: int = 100) -> tuple[int, int, int]:
     return buffers, _rows_visited(top), top["Actual Rows"]
 
 
+def claim_buffers_of_two(
+    conn, schema: str, first: dict[str, int], second: dict[str, int]
+) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """``claim_buffers`` of a claim over ``fill(**first)``, then of one over ``fill(**second)``
+    alone (the tables emptied in between)."""
+    fill(conn, schema, **first)
+    before = claim_buffers(conn, schema)
+    conn.execute(
+        f'TRUNCATE "{schema}".agent_action, "{schema}".agent_action_lane,'
+        f' "{schema}".agent_action_lane_intake'
+    )
+    conn.commit()
+    fill(conn, schema, **second)
+    return before, claim_buffers(conn, schema)
+
+
 def outbox_on(make_outbox):
     ob = make_outbox()
     ob.declare(NOTE)
@@ -103,15 +119,12 @@ def outbox_on(make_outbox):
 def test_a_hot_lane_costs_a_claim_no_more_than_a_small_table(make_outbox, database_url, schema):
     outbox_on(make_outbox)
     with psycopg.connect(database_url) as conn:
-        fill(conn, schema, hot_lane=0, single_lanes=1_000)
-        small, small_visited, small_rows = claim_buffers(conn, schema)
-        conn.execute(
-            f'TRUNCATE "{schema}".agent_action, "{schema}".agent_action_lane,'
-            f' "{schema}".agent_action_lane_intake'
+        (small, small_visited, small_rows), (hot, hot_visited, hot_rows) = claim_buffers_of_two(
+            conn,
+            schema,
+            {"hot_lane": 0, "single_lanes": 1_000},
+            {"hot_lane": 100_000, "single_lanes": 1_000},
         )
-        conn.commit()
-        fill(conn, schema, hot_lane=100_000, single_lanes=1_000)
-        hot, hot_visited, hot_rows = claim_buffers(conn, schema)
     assert small_rows == hot_rows == 100
     assert hot_visited <= 1.5 * small_visited, (hot_visited, small_visited)
     assert hot <= 1.5 * small, (hot, small)
@@ -121,15 +134,12 @@ def test_a_hot_lane_costs_a_claim_no_more_than_a_small_table(make_outbox, databa
 def test_history_costs_a_claim_nothing(make_outbox, database_url, schema):
     outbox_on(make_outbox)
     with psycopg.connect(database_url) as conn:
-        fill(conn, schema, hot_lane=0, single_lanes=1_000)
-        small, small_visited, _ = claim_buffers(conn, schema)
-        conn.execute(
-            f'TRUNCATE "{schema}".agent_action, "{schema}".agent_action_lane,'
-            f' "{schema}".agent_action_lane_intake'
+        (small, small_visited, _), (with_history, visited, rows_claimed) = claim_buffers_of_two(
+            conn,
+            schema,
+            {"hot_lane": 0, "single_lanes": 1_000},
+            {"hot_lane": 0, "single_lanes": 1_000, "ended": 200_000},
         )
-        conn.commit()
-        fill(conn, schema, hot_lane=0, single_lanes=1_000, ended=200_000)
-        with_history, visited, rows_claimed = claim_buffers(conn, schema)
     assert rows_claimed == 100
     # The rows visited are the same; the buffers grow only with the B-tree depth of the
     # primary-key and idempotency indexes (one level more at 200,000 rows).
@@ -144,15 +154,12 @@ def test_many_due_heads_cost_a_claim_no_more_than_a_few(make_outbox, database_ur
     action wherever that scan looked cheaper than the probes (a table of a few thousand)."""
     outbox_on(make_outbox)
     with psycopg.connect(database_url) as conn:
-        fill(conn, schema, hot_lane=0, single_lanes=1_000)
-        few, few_visited, few_rows = claim_buffers(conn, schema)
-        conn.execute(
-            f'TRUNCATE "{schema}".agent_action, "{schema}".agent_action_lane,'
-            f' "{schema}".agent_action_lane_intake'
+        (few, few_visited, few_rows), (many, many_visited, many_rows) = claim_buffers_of_two(
+            conn,
+            schema,
+            {"hot_lane": 0, "single_lanes": 1_000},
+            {"hot_lane": 0, "single_lanes": 3_000},
         )
-        conn.commit()
-        fill(conn, schema, hot_lane=0, single_lanes=3_000)
-        many, many_visited, many_rows = claim_buffers(conn, schema)
     assert few_rows == many_rows == 100
     assert many_visited <= 1.1 * few_visited, (many_visited, few_visited)
     assert many <= 1.1 * few, (many, few)
