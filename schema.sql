@@ -6,6 +6,66 @@
 
 CREATE SCHEMA outbox;
 
+-- table agent_action
+
+CREATE TABLE outbox.agent_action (
+    id bigint NOT NULL,
+    kind text NOT NULL,
+    state text DEFAULT 'ADMITTED'::text NOT NULL,
+    workspace_id text,
+    lane_key text NOT NULL,
+    idempotency_key text NOT NULL,
+    payload jsonb,
+    subject_account_id text,
+    max_attempts integer DEFAULT 5 NOT NULL,
+    expires_at timestamp with time zone,
+    attempt integer DEFAULT 0 NOT NULL,
+    epoch bigint DEFAULT 0 NOT NULL,
+    available_at timestamp with time zone DEFAULT now() NOT NULL,
+    lease_until timestamp with time zone,
+    write_started_at timestamp with time zone,
+    readback_ref text,
+    stop_reason text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    ended_at timestamp with time zone,
+    taken_epoch bigint,
+    retry_reason text,
+    earlier_write_at timestamp with time zone,
+    priority smallint DEFAULT 0 NOT NULL,
+    limit_key text
+)
+WITH (fillfactor='70');
+
+-- function agent_action_broken_check(outbox.agent_action)
+
+CREATE FUNCTION outbox.agent_action_broken_check(a outbox.agent_action) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE
+        WHEN a.state NOT IN ('PROPOSED', 'ADMITTED', 'EXECUTING', 'DONE', 'UNCERTAIN', 'FAILED',
+                             'CANCELLED') THEN 'ck_agent_action_state'
+        WHEN a.lane_key = '' THEN 'ck_agent_action_lane_key'
+        WHEN a.idempotency_key = '' THEN 'ck_agent_action_idempotency_key'
+        WHEN a.max_attempts < 1 THEN 'ck_agent_action_max_attempts'
+        WHEN a.attempt < 0 OR a.epoch < 0 THEN 'ck_agent_action_counters'
+        -- An ended action has a stop reason and an end time, and keeps no payload; a live one
+        -- is the opposite of all three.
+        WHEN (a.state IN ('DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED'))
+             <> (a.stop_reason IS NOT NULL) THEN 'ck_agent_action_stop_reason'
+        WHEN (a.state IN ('DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED'))
+             <> (a.ended_at IS NOT NULL) THEN 'ck_agent_action_ended_at'
+        WHEN (a.state IN ('DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED'))
+             <> (a.payload IS NULL) THEN 'ck_agent_action_payload'
+        -- A waiting action holds no lease and no fence: a retry clears both.
+        WHEN a.state IN ('PROPOSED', 'ADMITTED')
+             AND (a.lease_until IS NOT NULL OR a.write_started_at IS NOT NULL)
+            THEN 'ck_agent_action_waiting_unfenced'
+        WHEN a.state = 'EXECUTING' AND a.lease_until IS NULL
+            THEN 'ck_agent_action_executing_leased'
+        WHEN a.priority NOT BETWEEN -100 AND 100 THEN 'ck_agent_action_priority'
+    END
+$$;
+
 -- function agent_action_claim_round_state(integer, text[])
 
 CREATE FUNCTION outbox.agent_action_claim_round_state(p_limit integer, p_kinds text[], OUT folded integer, OUT paused text[], OUT executing json, OUT waiting text[]) RETURNS record
@@ -50,9 +110,12 @@ BEGIN
      WHERE k.name IS NULL
         OR n.state NOT IN ('PROPOSED', 'ADMITTED') OR n.epoch <> 0 OR n.attempt <> 0
         OR (n.workspace_id IS NULL AND NOT k.instance_level)
+        OR agent_action_broken_check(n) IS NOT NULL
      ORDER BY k.name IS NULL DESC, n.id
      LIMIT 1;
     IF FOUND THEN
+        -- The row's rules first: the constraints ran before the trigger did.
+        PERFORM agent_action_refuse_broken(a) FROM agent_action a WHERE a.id = bad.id;
         IF NOT bad.known THEN
             RAISE EXCEPTION 'insert or update on table "agent_action" violates foreign key constraint "agent_action_kind_fkey"'
                 USING ERRCODE = 'foreign_key_violation', TABLE = 'agent_action',
@@ -470,9 +533,26 @@ BEGIN
 END;
 $$;
 
--- function guard_agent_action()
+-- function agent_action_refuse_broken(outbox.agent_action)
 
-CREATE FUNCTION outbox.guard_agent_action() RETURNS trigger
+CREATE FUNCTION outbox.agent_action_refuse_broken(a outbox.agent_action) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox'
+    AS $$
+DECLARE
+    broken constant text := agent_action_broken_check(a);
+BEGIN
+    IF broken IS NOT NULL THEN
+        RAISE EXCEPTION 'new row for relation "agent_action" violates check constraint "%"', broken
+            USING ERRCODE = 'check_violation', TABLE = 'agent_action', CONSTRAINT = broken,
+                  DETAIL = format('Failing row: action %s (%s).', a.id, a.state);
+    END IF;
+END;
+$$;
+
+-- function agent_action_refuse_update(outbox.agent_action, outbox.agent_action)
+
+CREATE FUNCTION outbox.agent_action_refuse_update(o outbox.agent_action, n outbox.agent_action) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'outbox'
     AS $$
@@ -480,91 +560,94 @@ DECLARE
     ended constant text[] := ARRAY['DONE', 'UNCERTAIN', 'FAILED', 'CANCELLED'];
     allowed boolean;
 BEGIN
-    IF OLD.state = ANY (ended) THEN
-        RAISE EXCEPTION 'guard_agent_action: action % ended % and never changes', OLD.id, OLD.state
+    IF o.id IS NOT NULL AND o.state = ANY (ended) THEN
+        RAISE EXCEPTION 'guard_agent_action: action % ended % and never changes', o.id, o.state
             USING ERRCODE = 'check_violation';
     END IF;
-    IF NEW.id IS DISTINCT FROM OLD.id OR NEW.kind IS DISTINCT FROM OLD.kind
-       OR NEW.lane_key IS DISTINCT FROM OLD.lane_key
-       OR NEW.idempotency_key IS DISTINCT FROM OLD.idempotency_key
-       OR NEW.workspace_id IS DISTINCT FROM OLD.workspace_id
-       OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
-        RAISE EXCEPTION 'guard_agent_action: id, kind, lane_key, idempotency_key, workspace_id and created_at of action % never change', OLD.id
+    IF o.id IS NULL OR n.id IS NULL OR n.kind IS DISTINCT FROM o.kind
+       OR n.lane_key IS DISTINCT FROM o.lane_key
+       OR n.idempotency_key IS DISTINCT FROM o.idempotency_key
+       OR n.workspace_id IS DISTINCT FROM o.workspace_id
+       OR n.created_at IS DISTINCT FROM o.created_at THEN
+        RAISE EXCEPTION 'guard_agent_action: id, kind, lane_key, idempotency_key, workspace_id and created_at of action % never change', coalesce(o.id, n.id)
             USING ERRCODE = 'check_violation';
     END IF;
 
     -- The transition table; outbox.state.ActionState carries the same one.
-    allowed := CASE OLD.state
-        WHEN 'PROPOSED' THEN NEW.state IN ('PROPOSED', 'ADMITTED', 'CANCELLED')
-        WHEN 'ADMITTED' THEN NEW.state IN ('ADMITTED', 'EXECUTING', 'CANCELLED')
-        WHEN 'EXECUTING' THEN NEW.state <> 'PROPOSED'
+    allowed := CASE o.state
+        WHEN 'PROPOSED' THEN n.state IN ('PROPOSED', 'ADMITTED', 'CANCELLED')
+        WHEN 'ADMITTED' THEN n.state IN ('ADMITTED', 'EXECUTING', 'CANCELLED')
+        WHEN 'EXECUTING' THEN n.state <> 'PROPOSED'
         ELSE false
     END;
     IF NOT allowed THEN
-        RAISE EXCEPTION 'guard_agent_action: action % may not go from % to %', OLD.id, OLD.state, NEW.state
+        RAISE EXCEPTION 'guard_agent_action: action % may not go from % to %', o.id, o.state, n.state
             USING ERRCODE = 'check_violation';
     END IF;
 
     -- A claim is the only change of epoch, and every claim raises it by one.
-    IF NEW.epoch IS DISTINCT FROM OLD.epoch OR (NEW.state = 'EXECUTING' AND OLD.state <> 'EXECUTING') THEN
-        IF NEW.state <> 'EXECUTING' OR NEW.epoch IS DISTINCT FROM OLD.epoch + 1 THEN
+    IF n.epoch IS DISTINCT FROM o.epoch OR (n.state = 'EXECUTING' AND o.state <> 'EXECUTING') THEN
+        IF n.state <> 'EXECUTING' OR n.epoch IS DISTINCT FROM o.epoch + 1 THEN
             RAISE EXCEPTION 'guard_agent_action: action % epoch % -> %: the epoch rises by exactly one, and only on a claim',
-                OLD.id, OLD.epoch, NEW.epoch USING ERRCODE = 'check_violation';
+                o.id, o.epoch, n.epoch USING ERRCODE = 'check_violation';
         END IF;
-        IF NEW.attempt IS DISTINCT FROM OLD.attempt
-           AND NOT (NEW.attempt = OLD.attempt + 1 AND NEW.taken_epoch IS NOT DISTINCT FROM NEW.epoch) THEN
+        IF n.attempt IS DISTINCT FROM o.attempt
+           AND NOT (n.attempt = o.attempt + 1 AND n.taken_epoch IS NOT DISTINCT FROM n.epoch) THEN
             RAISE EXCEPTION 'guard_agent_action: action % attempt % -> %: a claim leaves the attempt as it is, unless it is also the take (then one more)',
-                OLD.id, OLD.attempt, NEW.attempt USING ERRCODE = 'check_violation';
+                o.id, o.attempt, n.attempt USING ERRCODE = 'check_violation';
         END IF;
-        IF OLD.state = 'EXECUTING' AND OLD.write_started_at IS NOT NULL AND
-           (SELECT k.at_most_once FROM agent_action_kind k WHERE k.name = OLD.kind) THEN
-            RAISE EXCEPTION 'guard_agent_action: at-most-once action % started its write and is never claimed again', OLD.id
+        IF o.state = 'EXECUTING' AND o.write_started_at IS NOT NULL AND
+           (SELECT k.at_most_once FROM agent_action_kind k WHERE k.name = o.kind) THEN
+            RAISE EXCEPTION 'guard_agent_action: at-most-once action % started its write and is never claimed again', o.id
                 USING ERRCODE = 'check_violation';
         END IF;
     END IF;
-    RETURN NEW;
+    PERFORM agent_action_refuse_broken(n);
 END;
 $$;
 
--- table agent_action
+-- function guard_agent_action()
 
-CREATE TABLE outbox.agent_action (
-    id bigint NOT NULL,
-    kind text NOT NULL,
-    state text DEFAULT 'ADMITTED'::text NOT NULL,
-    workspace_id text,
-    lane_key text NOT NULL,
-    idempotency_key text NOT NULL,
-    payload jsonb,
-    subject_account_id text,
-    max_attempts integer DEFAULT 5 NOT NULL,
-    expires_at timestamp with time zone,
-    attempt integer DEFAULT 0 NOT NULL,
-    epoch bigint DEFAULT 0 NOT NULL,
-    available_at timestamp with time zone DEFAULT now() NOT NULL,
-    lease_until timestamp with time zone,
-    write_started_at timestamp with time zone,
-    readback_ref text,
-    stop_reason text,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    ended_at timestamp with time zone,
-    taken_epoch bigint,
-    retry_reason text,
-    earlier_write_at timestamp with time zone,
-    priority smallint DEFAULT 0 NOT NULL,
-    limit_key text,
-    CONSTRAINT ck_agent_action_counters CHECK (((attempt >= 0) AND (epoch >= 0))),
-    CONSTRAINT ck_agent_action_ended_at CHECK (((state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) = (ended_at IS NOT NULL))),
-    CONSTRAINT ck_agent_action_executing_leased CHECK (((state <> 'EXECUTING'::text) OR (lease_until IS NOT NULL))),
-    CONSTRAINT ck_agent_action_idempotency_key CHECK ((idempotency_key <> ''::text)),
-    CONSTRAINT ck_agent_action_lane_key CHECK ((lane_key <> ''::text)),
-    CONSTRAINT ck_agent_action_max_attempts CHECK ((max_attempts >= 1)),
-    CONSTRAINT ck_agent_action_payload CHECK (((state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) = (payload IS NULL))),
-    CONSTRAINT ck_agent_action_state CHECK ((state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text, 'EXECUTING'::text, 'DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text]))),
-    CONSTRAINT ck_agent_action_stop_reason CHECK (((state = ANY (ARRAY['DONE'::text, 'UNCERTAIN'::text, 'FAILED'::text, 'CANCELLED'::text])) = (stop_reason IS NOT NULL))),
-    CONSTRAINT ck_agent_action_waiting_unfenced CHECK (((state <> ALL (ARRAY['PROPOSED'::text, 'ADMITTED'::text])) OR ((lease_until IS NULL) AND (write_started_at IS NULL))))
-)
-WITH (fillfactor='70');
+CREATE FUNCTION outbox.guard_agent_action() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox'
+    AS $$
+DECLARE
+    suspect record;
+BEGIN
+    FOR suspect IN
+        SELECT o::agent_action AS old_row, n::agent_action AS new_row
+          FROM old_actions o
+          FULL JOIN new_actions n ON n.id = o.id
+         WHERE NOT coalesce(
+                   o.state IN ('PROPOSED', 'ADMITTED', 'EXECUTING')
+                   AND (n.id, n.kind, n.lane_key, n.idempotency_key, n.workspace_id, n.created_at)
+                       IS NOT DISTINCT FROM
+                       (o.id, o.kind, o.lane_key, o.idempotency_key, o.workspace_id, o.created_at)
+                   AND CASE o.state
+                           WHEN 'PROPOSED' THEN n.state IN ('PROPOSED', 'ADMITTED', 'CANCELLED')
+                           WHEN 'ADMITTED' THEN n.state IN ('ADMITTED', 'EXECUTING', 'CANCELLED')
+                           ELSE n.state <> 'PROPOSED'
+                       END
+                   AND CASE WHEN n.epoch IS DISTINCT FROM o.epoch
+                                 OR (n.state = 'EXECUTING' AND o.state <> 'EXECUTING')
+                            THEN n.state = 'EXECUTING'
+                                 AND n.epoch = o.epoch + 1
+                                 AND (n.attempt = o.attempt
+                                      OR (n.attempt = o.attempt + 1
+                                          AND n.taken_epoch IS NOT DISTINCT FROM n.epoch))
+                                 AND NOT (o.state = 'EXECUTING' AND o.write_started_at IS NOT NULL)
+                            ELSE true
+                       END,
+                   false)
+            OR agent_action_broken_check(n) IS NOT NULL
+         ORDER BY coalesce(o.id, n.id)
+    LOOP
+        PERFORM agent_action_refuse_update(suspect.old_row, suspect.new_row);
+    END LOOP;
+    RETURN NULL;
+END;
+$$;
 
 -- table agent_action_attempt
 
@@ -815,11 +898,6 @@ ALTER TABLE ONLY outbox.agent_action_rate
 ALTER TABLE ONLY outbox.agent_action_resolution
     ADD CONSTRAINT agent_action_resolution_pkey PRIMARY KEY (action_id);
 
--- check constraint agent_action ck_agent_action_priority
-
-ALTER TABLE outbox.agent_action
-    ADD CONSTRAINT ck_agent_action_priority CHECK (((priority >= '-100'::integer) AND (priority <= 100))) NOT VALID;
-
 -- constraint outbox_migration outbox_migration_pkey
 
 ALTER TABLE ONLY outbox.outbox_migration
@@ -927,16 +1005,7 @@ CREATE TRIGGER agent_action_lanes_moved AFTER UPDATE ON outbox.agent_action REFE
 
 -- trigger agent_action guard_agent_action
 
-CREATE TRIGGER guard_agent_action BEFORE UPDATE ON outbox.agent_action FOR EACH ROW WHEN ((NOT COALESCE(((old.state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text, 'EXECUTING'::text])) AND (NOT ((((((new.id IS DISTINCT FROM old.id) OR (new.kind IS DISTINCT FROM old.kind)) OR (new.lane_key IS DISTINCT FROM old.lane_key)) OR (new.idempotency_key IS DISTINCT FROM old.idempotency_key)) OR (new.workspace_id IS DISTINCT FROM old.workspace_id)) OR (new.created_at IS DISTINCT FROM old.created_at))) AND
-        CASE old.state
-            WHEN 'PROPOSED'::text THEN (new.state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text, 'CANCELLED'::text]))
-            WHEN 'ADMITTED'::text THEN (new.state = ANY (ARRAY['ADMITTED'::text, 'EXECUTING'::text, 'CANCELLED'::text]))
-            ELSE (new.state <> 'PROPOSED'::text)
-        END AND
-        CASE
-            WHEN ((new.epoch IS DISTINCT FROM old.epoch) OR ((new.state = 'EXECUTING'::text) AND (old.state <> 'EXECUTING'::text))) THEN ((new.state = 'EXECUTING'::text) AND (new.epoch = (old.epoch + 1)) AND ((new.attempt = old.attempt) OR ((new.attempt = (old.attempt + 1)) AND (NOT (new.taken_epoch IS DISTINCT FROM new.epoch)))) AND (NOT ((old.state = 'EXECUTING'::text) AND (old.write_started_at IS NOT NULL))))
-            ELSE true
-        END), false))) EXECUTE FUNCTION outbox.guard_agent_action();
+CREATE TRIGGER guard_agent_action AFTER UPDATE ON outbox.agent_action REFERENCING OLD TABLE AS old_actions NEW TABLE AS new_actions FOR EACH STATEMENT EXECUTE FUNCTION outbox.guard_agent_action();
 
 -- fk constraint agent_action_kind_pause agent_action_kind_pause_kind_fkey
 

@@ -1,6 +1,7 @@
-"""The row triggers cost a batched statement one call, not one a row, and the guard's WHEN
-clause lets through only what the guard itself would: every update the guard function refuses
-when it is called on every row, it still refuses, with the same error."""
+"""The triggers cost a batched statement one call, not one a row, and the guard's statement-level
+query lets through only what the guard's checks would: every update that
+``agent_action_refuse_update`` refuses when it is called on every row, the guard still refuses,
+with the same error."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def _row(conn, kind: str, *, claimed: bool, taken: bool, wrote: bool, ended: boo
 
 #: The update of every combination below: a state, an epoch and attempt step, whether the take
 #: is this claim (taken_epoch), and an identity column that may change; the other columns as
-#: the check constraints want them for the new state.
+#: the row rules want them for the new state.
 UPDATE = """
 UPDATE agent_action
    SET state = %(state)s, epoch = epoch + %(epoch)s, attempt = attempt + %(attempt)s,
@@ -132,11 +133,15 @@ def test_the_guard_refuses_what_it_refuses_when_called_on_every_update(db):
     ).fetchone()[0]
     rows.append(proposed)
     filtered = _outcomes(db, rows)
-    # The same updates with the guard function called on every one of them.
+    # The same updates with the guard's checks called on every one of them, row by row.
     db.execute("DROP TRIGGER guard_agent_action ON agent_action")
     db.execute(
+        "CREATE FUNCTION refuse_every_update() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN PERFORM agent_action_refuse_update(OLD, NEW); RETURN NEW; END $$"
+    )
+    db.execute(
         "CREATE TRIGGER guard_agent_action BEFORE UPDATE ON agent_action"
-        " FOR EACH ROW EXECUTE FUNCTION guard_agent_action()"
+        " FOR EACH ROW EXECUTE FUNCTION refuse_every_update()"
     )
     always = _outcomes(db, rows)
     db.rollback()
@@ -209,10 +214,11 @@ def test_a_batched_claim_fence_and_finish_call_each_trigger_once_a_statement(db,
     calls = _function_calls(db)
     db.commit()
     # The claim (its reclaims and heads, one statement), the fences, the finishes: three UPDATE
-    # statements. The guard passes all 40 state changes by its WHEN clause; no lane had a
-    # successor to refresh.
+    # statements. The guard passes all 40 state changes by its query, without calling the
+    # checks' function; no lane had a successor to refresh.
     assert calls.get("agent_action_lanes_moved") == 3, calls
-    assert "guard_agent_action" not in calls, calls
+    assert calls.get("guard_agent_action") == 3, calls
+    assert "agent_action_refuse_update" not in calls, calls
     assert "agent_action_lane_track" not in calls, calls
     assert "agent_action_lane_refresh" not in calls, calls
     lanes = db.execute("SELECT count(*) FROM agent_action_lane").fetchone()[0]
