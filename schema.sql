@@ -98,22 +98,50 @@ CREATE FUNCTION outbox.agent_action_inserted() RETURNS trigger
     SET search_path TO 'outbox'
     AS $$
 DECLARE
+    batch record;
+    instance_level boolean;
+    accepted boolean;
     bad record;
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(
-                hashtextextended('outbox kind ' || current_schema() || '.' || k.kind, 0)),
-            pg_notify('outbox_' || current_schema(), '')
-       FROM (SELECT DISTINCT n.kind FROM new_actions n ORDER BY n.kind) k;
-    SELECT n.id, n.kind, n.state, n.epoch, n.attempt, k.name IS NOT NULL AS known INTO bad
-      FROM new_actions n
-      LEFT JOIN agent_action_kind k ON k.name = n.kind
-     WHERE k.name IS NULL
-        OR n.state NOT IN ('PROPOSED', 'ADMITTED') OR n.epoch <> 0 OR n.attempt <> 0
-        OR (n.workspace_id IS NULL AND NOT k.instance_level)
-        OR agent_action_broken_check(n) IS NOT NULL
-     ORDER BY k.name IS NULL DESC, n.id
-     LIMIT 1;
-    IF FOUND THEN
+    SELECT count(*) AS actions, min(n.kind) AS kind, max(n.kind) AS last_kind,
+           min(n.lane_key) AS lane_key, max(n.lane_key) AS last_lane_key,
+           max(n.priority) AS priority, bool_or(n.workspace_id IS NULL) AS without_workspace,
+           bool_or(n.state NOT IN ('PROPOSED', 'ADMITTED') OR n.epoch <> 0 OR n.attempt <> 0
+                   OR agent_action_broken_check(n) IS NOT NULL) AS broken
+      INTO batch
+      FROM new_actions n;
+    IF batch.actions = 0 THEN
+        RETURN NULL;
+    END IF;
+    IF batch.kind = batch.last_kind THEN
+        PERFORM pg_advisory_xact_lock_shared(
+                    hashtextextended('outbox kind ' || current_schema() || '.' || batch.kind, 0));
+        PERFORM pg_notify('outbox_' || current_schema(), '');
+        -- After the lock, so that the read sees what a deletion of the kind committed meanwhile.
+        SELECT k.instance_level INTO instance_level
+          FROM agent_action_kind k WHERE k.name = batch.kind;
+        accepted := FOUND AND NOT batch.broken
+                    AND (instance_level OR NOT batch.without_workspace);
+    ELSE
+        PERFORM pg_advisory_xact_lock_shared(
+                    hashtextextended('outbox kind ' || current_schema() || '.' || k.kind, 0)),
+                pg_notify('outbox_' || current_schema(), '')
+           FROM (SELECT DISTINCT n.kind FROM new_actions n ORDER BY n.kind) k;
+        accepted := NOT batch.broken AND NOT EXISTS (
+            SELECT 1 FROM new_actions n
+              LEFT JOIN agent_action_kind k ON k.name = n.kind
+             WHERE k.name IS NULL OR (n.workspace_id IS NULL AND NOT k.instance_level));
+    END IF;
+    IF NOT accepted THEN
+        SELECT n.id, n.kind, n.state, n.epoch, n.attempt, k.name IS NOT NULL AS known INTO bad
+          FROM new_actions n
+          LEFT JOIN agent_action_kind k ON k.name = n.kind
+         WHERE k.name IS NULL
+            OR n.state NOT IN ('PROPOSED', 'ADMITTED') OR n.epoch <> 0 OR n.attempt <> 0
+            OR (n.workspace_id IS NULL AND NOT k.instance_level)
+            OR agent_action_broken_check(n) IS NOT NULL
+         ORDER BY k.name IS NULL DESC, n.id
+         LIMIT 1;
         -- The row's rules first: the constraints ran before the trigger did.
         PERFORM agent_action_refuse_broken(a) FROM agent_action a WHERE a.id = bad.id;
         IF NOT bad.known THEN
@@ -134,13 +162,15 @@ BEGIN
     END IF;
     -- One intake row for the statement: its lane when it touched one, else all its lanes, the
     -- highest priority first (a fold that takes part of the row takes those first).
-    INSERT INTO agent_action_lane_intake (lane_key, lane_keys, lanes, priority)
-    SELECT CASE WHEN count(*) = 1 THEN min(l.lane_key) END,
-           CASE WHEN count(*) > 1 THEN array_agg(l.lane_key ORDER BY l.priority DESC) END,
-           count(*), max(l.priority)
-      FROM (SELECT n.lane_key, max(n.priority) AS priority
-              FROM new_actions n GROUP BY n.lane_key) l
-    HAVING count(*) > 0;
+    IF batch.lane_key = batch.last_lane_key THEN
+        INSERT INTO agent_action_lane_intake (lane_key, priority)
+        VALUES (batch.lane_key, batch.priority);
+    ELSE
+        INSERT INTO agent_action_lane_intake (lane_keys, lanes, priority)
+        SELECT array_agg(l.lane_key ORDER BY l.priority DESC), count(*), max(l.priority)
+          FROM (SELECT n.lane_key, max(n.priority) AS priority
+                  FROM new_actions n GROUP BY n.lane_key) l;
+    END IF;
     RETURN NULL;
 END;
 $$;
