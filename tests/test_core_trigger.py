@@ -338,3 +338,34 @@ def test_writes_to_an_action_prepare_no_check_or_when_clause_a_statement(db):
         " AND NOT tgisinternal AND tgtype & 1 = 1 AND tgtype & 16 = 16"  # row-level, UPDATE
     ).fetchall()
     assert row_triggers == []
+
+
+def test_one_bad_row_refuses_a_whole_multi_row_update(db):
+    """The guard checks a statement's rows together: one illegal change among legal ones fails
+    the statement, and none of its rows changes."""
+    first, second, third = (insert(db) for _ in range(3))
+    move(db, second, ActionState.EXECUTING)
+    db.commit()
+    # A claim of all three (the second's a reclaim), but the second's attempt jumps by two,
+    # which no claim does.
+    with pytest.raises(psycopg.errors.CheckViolation, match="attempt"), db.transaction():
+        db.execute(
+            "UPDATE agent_action SET state = 'EXECUTING', epoch = epoch + 1,"
+            " attempt = attempt + CASE WHEN id = %s THEN 2 ELSE 0 END,"
+            " lease_until = now() + interval '1 hour' WHERE id = ANY(%s)",
+            (second, [first, second, third]),
+        )
+    states = db.execute(
+        "SELECT state, epoch FROM agent_action WHERE id = ANY(%s) ORDER BY id",
+        ([first, second, third],),
+    ).fetchall()
+    assert states == [("ADMITTED", 0), ("EXECUTING", 1), ("ADMITTED", 0)]
+
+
+def test_an_update_that_gives_an_action_a_new_id_is_refused(db):
+    """GENERATED ALWAYS still lets an update set the id to its default (the next value): the
+    guard, which pairs a statement's old and new rows by id, finds a row without its pair."""
+    action_id = insert(db)
+    with pytest.raises(psycopg.errors.CheckViolation, match="never change"), db.transaction():
+        db.execute("UPDATE agent_action SET id = DEFAULT WHERE id = %s", (action_id,))
+    assert db.execute("SELECT id FROM agent_action WHERE id = %s", (action_id,)).fetchone()
