@@ -14,11 +14,12 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 import redis
 
-from benchmarks import apps, dramatiq_raw
+from benchmarks import apps, dramatiq_raw, server_time
 from benchmarks.common import (
     DATABASE_URL,
     REDIS_URL,
@@ -48,43 +49,48 @@ def run(scale: Scale) -> list[Result]:
     return results
 
 
-def _latencies(n: int, name: str, **settings: str) -> tuple[list[float], dict[str, float | None]]:
+def _latencies(n: int, name: str, **settings: str) -> tuple[list[float], dict[str, Any]]:
     """Enqueue commit -> adapter start of ``n`` actions at ``dramatiq_raw.PACE`` to an idle
     pool whose claimer and workers run with ``settings`` in their environment, and the CPU ms
     an action of each process and service meanwhile (what an action costs at a modest pace,
-    where nothing is batched: a claim round, a take, a fence and a finish each)."""
+    where nothing is batched: a claim round, a take, a fence and a finish each), with the
+    server time an action of each of the outbox's SQL functions (``server_functions``, over
+    the whole run: the actions' finishes included)."""
     committed: dict[int, float] = {}
-    with (
-        bench_schema(name) as schema,
-        rig(schema, BENCH_RECORD_STARTS="1", **settings) as r,
-    ):
-        outbox = migrated_outbox(schema)
-        with settings_env(settings):
-            for kind in apps.idle_kinds():
-                outbox.declare(kind)
-        outbox.migrate()
-        client = redis.Redis.from_url(REDIS_URL)
-        r.stack.callback(client.close)
-        cpu = CpuMeter(enqueuer=os.getpid(), **r.idle_outbox())
-        with psycopg.connect(DATABASE_URL) as conn:
-            cpu.start()
-            for i in paced(n, dramatiq_raw.PACE):
-                action = outbox.enqueue(
-                    conn,
-                    noop_request(f"{name}-{i}", f"lane-{i}", i),
-                )
-                conn.commit()
-                committed[action.id] = time.time()
-        wait_until(lambda: client.hlen(apps.STARTS_KEY) >= n, 60, "latency actions not started")
-        cpu.stop()
-        starts = {int(k): float(v) for k, v in client.hgetall(apps.STARTS_KEY).items()}
-    return [starts[i] - t for i, t in committed.items()], cpu.per_action_ms(n)
+    with bench_schema(name) as schema:
+        tracked = server_time.tracking(schema)
+        with rig(schema, BENCH_RECORD_STARTS="1", **tracked, **settings) as r:
+            outbox = migrated_outbox(schema)
+            with settings_env(settings):
+                for kind in apps.idle_kinds():
+                    outbox.declare(kind)
+            outbox.migrate()
+            client = redis.Redis.from_url(REDIS_URL)
+            r.stack.callback(client.close)
+            cpu = CpuMeter(enqueuer=os.getpid(), **r.idle_outbox())
+            options = server_time.session_options(schema, tracked)
+            with psycopg.connect(DATABASE_URL, **options) as conn:
+                cpu.start()
+                for i in paced(n, dramatiq_raw.PACE):
+                    action = outbox.enqueue(
+                        conn,
+                        noop_request(f"{name}-{i}", f"lane-{i}", i),
+                    )
+                    conn.commit()
+                    committed[action.id] = time.time()
+            wait_until(lambda: client.hlen(apps.STARTS_KEY) >= n, 60, "latency actions not started")
+            cpu.stop()
+            starts = {int(k): float(v) for k, v in client.hgetall(apps.STARTS_KEY).items()}
+        # After the processes ended: their sessions hand their counts over as they end.
+        functions = server_time.per_action(schema, n, tracked)
+    measured: dict[str, Any] = {**cpu.per_action_ms(n), "server_functions": functions}
+    return [starts[i] - t for i, t in committed.items()], measured
 
 
 def _result(
     scenario: str,
     latencies: list[float],
-    cpu_ms: dict[str, float | None],
+    cpu_ms: dict[str, Any],
     raw_latencies: list[float],
 ) -> Result:
     p50, raw_p50 = percentile(latencies, 50), percentile(raw_latencies, 50)
