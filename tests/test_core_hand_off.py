@@ -349,3 +349,53 @@ def test_the_executor_runs_its_end_s_successor_next_and_counts_the_hand_off(
     asyncio.run(go())
     assert adapter.ran == ids
     assert HANDED_ON.labels(kind="NOTE")._value.get() - before == 2
+
+
+class _Deadlines:
+    """An adapter that records each attempt's local deadline (monotonic) and ends it DONE."""
+
+    def __init__(self) -> None:
+        self.deadlines: dict[int, float] = {}
+
+    async def execute(self, attempt) -> Done:
+        self.deadlines[attempt.id] = attempt.deadline
+        return Done()
+
+
+def test_a_message_s_time_runs_from_its_delivery_not_from_when_a_busy_loop_got_to_it(
+    make_outbox, database_url, schema, conn
+):
+    """The fabric's time limit (the lease) runs from the moment it handed the message over. A
+    worker loop busy at that moment starts the message late; the attempt's deadline and the
+    hand-off's lease still count from the delivery, so the time limit never cancels an attempt
+    whose own lease holds (past its fence, an email would end UNCERTAIN)."""
+    from outbox._io import run_sync
+    from outbox.store import claim_operation
+
+    adapter = _Deadlines()
+    lease = timedelta(seconds=4)
+    ob = make_outbox(lease=lease, write_margin=timedelta(milliseconds=500), hand_off=3)
+    ob.register(NOTE, adapter)
+    ob.migrate()
+    first, second = enqueue_many(conn, [_request(0), _request(1)], schema=schema)
+    conn.commit()
+    (claimed,) = run_sync(conn, claim_operation(schema, {"NOTE": 1}, lease, take=False))
+    conn.commit()
+    assert claimed.action.id == first.id
+    runtime = WorkerRuntime(ob)
+    runtime.start()
+    try:
+        assert runtime._opening is not None and runtime._thread is not None
+        runtime._opening.result(timeout=30)
+        busy = 1.5
+        runtime._thread.loop.call_soon_threadsafe(time.sleep, busy)
+        delivered = time.monotonic()
+        (outcome,) = runtime.run_many("NOTE", [claimed.action.token])
+    finally:
+        runtime.stop()
+    assert outcome is not None and outcome.recorded
+    assert adapter.deadlines[first.id] <= delivered + lease.total_seconds() + 0.2
+    # The busy loop and the hand-off's slack left less than half a lease: nothing handed on.
+    assert lease.total_seconds() - busy - HAND_OFF_SLACK < lease.total_seconds() / 2
+    assert _row(database_url, schema, second.id)["state"] == "ADMITTED"
+    assert second.id not in adapter.deadlines

@@ -175,9 +175,10 @@ class WorkerRuntime:
         A Dramatiq time limit (or shutdown), or a Celery soft time limit, interrupting the calling
         thread cancels the attempt.
         """
+        started = time.monotonic()  # the fabric's time limit runs from here, see ``_run``
         self.start()
         assert self._thread is not None
-        return run_on_loop(self._thread.loop, lambda: self._run(kind, token))
+        return run_on_loop(self._thread.loop, lambda: self._run(kind, token, started))
 
     def run_many(self, kind: str, tokens: Sequence[FenceToken]) -> list[Outcome | None]:
         """Runs the tokens of one message concurrently on this process's loop (their takes,
@@ -188,9 +189,10 @@ class WorkerRuntime:
         then left to its lease), the first error is raised after the rest ended, so Dramatiq
         logs the message as failed. An Interrupt cancels them all.
         """
+        started = time.monotonic()  # the fabric's time limit runs from here, see ``_run``
         self.start()
         assert self._thread is not None
-        outcomes = run_on_loop(self._thread.loop, lambda: self._run_all(kind, tokens))
+        outcomes = run_on_loop(self._thread.loop, lambda: self._run_all(kind, tokens, started))
         finished: list[Outcome | None] = []
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
@@ -199,18 +201,24 @@ class WorkerRuntime:
         return finished
 
     async def _run_all(
-        self, kind: str, tokens: Sequence[FenceToken]
+        self, kind: str, tokens: Sequence[FenceToken], started: float
     ) -> list[Outcome | BaseException | None]:
         return await asyncio.gather(
-            *(self._run(kind, token) for token in tokens), return_exceptions=True
+            *(self._run(kind, token, started) for token in tokens), return_exceptions=True
         )
 
-    async def _run(self, kind: str, token: FenceToken) -> Outcome | None:
+    async def _run(self, kind: str, token: FenceToken, started: float) -> Outcome | None:
         """Takes and runs one message's attempt, then the lane's next actions its finishes
-        handed on (``hand_off``); returns the message's own attempt's outcome."""
+        handed on (``hand_off``); returns the message's own attempt's outcome.
+
+        ``started``: ``time.monotonic()`` when the fabric handed the message over, in its
+        thread. The fabric's time limit (the lease) runs from then, not from when this loop got
+        round to the message, which a busy loop, or a pool still opening after a database
+        restart, may put seconds later: the attempt's deadline and what a hand-off may lease
+        are measured from it, so neither outlives the time limit, which would cancel an attempt
+        past its fence while its own lease still held (an email then ends UNCERTAIN). It is
+        also before the take, so the local deadline never outlives the database lease."""
         executor = self._executor or await self._ready()
-        # Taken before the statement, so the local deadline never outlives the database lease.
-        started = time.monotonic()
         self._running += 1
         try:
             claimed = await executor.store.take_attempt(token)
