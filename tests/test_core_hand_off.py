@@ -362,14 +362,17 @@ class _Deadlines:
         return Done()
 
 
-def test_a_message_s_time_runs_from_its_delivery_not_from_when_a_busy_loop_got_to_it(
-    make_outbox, database_url, schema, conn
+@pytest.mark.parametrize("late", ["busy loop", "thread kept waiting after the delivery"])
+def test_a_message_s_time_runs_from_its_delivery_not_from_when_it_got_to_run(
+    make_outbox, database_url, schema, conn, late
 ):
-    """The fabric's time limit (the lease) runs from the moment it handed the message over. A
-    worker loop busy at that moment starts the message late; the attempt's deadline and the
-    hand-off's lease still count from the delivery, so the time limit never cancels an attempt
-    whose own lease holds (past its fence, an email would end UNCERTAIN)."""
+    """The fabric's time limit (the lease) runs from the moment it began the message. A worker
+    loop busy at that moment, or the fabric's thread kept waiting between its middleware and
+    the actor, starts the message late; the attempt's deadline and the hand-off's lease still
+    count from the delivery, so the time limit never cancels an attempt whose own lease holds
+    (past its fence, an email would end UNCERTAIN)."""
     from outbox._io import run_sync
+    from outbox.dispatch.runtime import mark_delivery
     from outbox.store import claim_operation
 
     adapter = _Deadlines()
@@ -384,18 +387,39 @@ def test_a_message_s_time_runs_from_its_delivery_not_from_when_a_busy_loop_got_t
     assert claimed.action.id == first.id
     runtime = WorkerRuntime(ob)
     runtime.start()
+    busy = 1.5
     try:
         assert runtime._opening is not None and runtime._thread is not None
         runtime._opening.result(timeout=30)
-        busy = 1.5
-        runtime._thread.loop.call_soon_threadsafe(time.sleep, busy)
         delivered = time.monotonic()
+        if late == "busy loop":
+            runtime._thread.loop.call_soon_threadsafe(time.sleep, busy)
+        else:
+            mark_delivery()  # as DeliveryClock does, before Dramatiq's TimeLimit
+            time.sleep(busy)
         (outcome,) = runtime.run_many("NOTE", [claimed.action.token])
     finally:
         runtime.stop()
     assert outcome is not None and outcome.recorded
     assert adapter.deadlines[first.id] <= delivered + lease.total_seconds() + 0.2
-    # The busy loop and the hand-off's slack left less than half a lease: nothing handed on.
+    # The late start and the hand-off's slack left less than half a lease: nothing handed on.
     assert lease.total_seconds() - busy - HAND_OFF_SLACK < lease.total_seconds() / 2
     assert _row(database_url, schema, second.id)["state"] == "ADMITTED"
     assert second.id not in adapter.deadlines
+
+
+def test_the_delivery_clock_starts_before_dramatiq_s_time_limit_does():
+    from dramatiq.brokers.stub import StubBroker
+    from dramatiq.middleware import TimeLimit
+
+    from outbox.dispatch.actors import DeliveryClock, _add_delivery_clock
+
+    broker = StubBroker()
+    _add_delivery_clock(broker)
+    _add_delivery_clock(broker)  # once only
+    kinds = [type(m) for m in broker.middleware]
+    assert kinds.count(DeliveryClock) == 1
+    assert kinds.index(DeliveryClock) < kinds.index(TimeLimit)
+    bare = StubBroker(middleware=[])
+    _add_delivery_clock(bare)
+    assert [type(m) for m in bare.middleware] == [DeliveryClock]

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 import dramatiq
 from dramatiq import Actor, Broker, Message
 from dramatiq.brokers.redis import RedisBroker
-from dramatiq.middleware import Middleware
+from dramatiq.middleware import Middleware, TimeLimit
 from redis.exceptions import NoScriptError
 
 from outbox.dispatch.broker import default_broker
 from outbox.dispatch.fabric import batches, deliver, even_chunks
 from outbox.dispatch.health_watch import ConsumerHealth
 from outbox.dispatch.pushing import check_broker
-from outbox.dispatch.runtime import WorkerRuntime
+from outbox.dispatch.runtime import WorkerRuntime, mark_delivery
 from outbox.dispatch.wake import queue_counts, wake_consumers
 from outbox.fence_token import BIGINT_MAX, FenceToken
 from outbox.metrics import MetricsExposition
@@ -177,6 +177,28 @@ class OutboxRuntimeMiddleware(Middleware):
         self.runtime.stop()
 
 
+class DeliveryClock(Middleware):
+    """Notes when a message begins, before Dramatiq's ``TimeLimit`` starts its clock
+    (``outbox.dispatch.runtime.mark_delivery``): an attempt's deadline, and a lane hand-off's
+    lease, count from then, and the time limit never cancels an attempt whose own lease holds.
+    Measured at the actor's call instead, an overloaded process (a thread waiting seconds for
+    the interpreter lock between the middleware and the actor) cut attempts past their fence,
+    and an email ended UNCERTAIN with its lease still running."""
+
+    def before_process_message(self, broker: Broker, message: Any) -> None:
+        mark_delivery()
+
+
+def _add_delivery_clock(broker: Broker) -> None:
+    """``DeliveryClock`` ahead of the broker's ``TimeLimit`` (or last, without one)."""
+    if any(isinstance(m, DeliveryClock) for m in broker.middleware):
+        return
+    if any(isinstance(m, TimeLimit) for m in broker.middleware):
+        broker.add_middleware(DeliveryClock(), before=TimeLimit)
+    else:
+        broker.add_middleware(DeliveryClock())
+
+
 _installed: weakref.WeakKeyDictionary[Outbox, Dispatch] = weakref.WeakKeyDictionary()
 
 
@@ -188,10 +210,11 @@ def installed(outbox: Outbox) -> Dispatch | None:
 def actor_options(outbox: Outbox, broker: Broker) -> dict[str, Any]:
     """Never retried by Dramatiq (the outbox owns retries); time limit = the lease.
 
-    The executor ends an attempt at its lease's end by the database clock, which comes no later
-    than ``lease`` after the message starts (a message is pushed only after its claim), so the
-    time limit never cuts an attempt's own supervision short and only frees a worker thread
-    whose attempt outstayed its lease. Options the broker has no middleware for are left out,
+    The executor ends an attempt at its deadline: its lease by the database clock (started
+    afresh by the take), and no later than ``lease`` after the message began (``DeliveryClock``
+    notes when, before ``TimeLimit`` starts its clock), so the time limit never cuts an
+    attempt's own supervision short and only frees a worker thread whose attempt outstayed its
+    lease. Options the broker has no middleware for are left out,
     so a shop's broker without ``Retries`` or ``TimeLimit`` still takes the actors.
     """
     options = {
@@ -229,6 +252,7 @@ def install(
     broker = broker or default_broker(outbox.settings.broker_url)
     runtime = WorkerRuntime(outbox)
     broker.add_middleware(OutboxRuntimeMiddleware(runtime))
+    _add_delivery_clock(broker)
     if outbox.settings.metrics_port:
         # Under `dramatiq`, one forked process serves every worker process's metrics.
         broker.add_middleware(MetricsExposition())

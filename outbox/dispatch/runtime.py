@@ -49,6 +49,25 @@ START_TIMEOUT = 30.0
 HAND_OFF_SLACK = 1.0
 
 
+#: When the fabric began the message this thread runs (``mark_delivery``), if it said.
+_delivery = threading.local()
+
+
+def mark_delivery() -> None:
+    """The fabric begins a message in this thread: its time limit runs from now (a Dramatiq
+    middleware calls this before ``TimeLimit`` starts its clock, ``DeliveryClock``)."""
+    _delivery.at = time.monotonic()
+
+
+def _delivered_at() -> float:
+    """When the message this thread runs began (``mark_delivery``), taken once; now when the
+    fabric did not say."""
+    at: float | None = getattr(_delivery, "at", None)
+    _delivery.at = None
+    now = time.monotonic()
+    return now if at is None else min(at, now)
+
+
 class _LoopThread(EventLoopThread):
     """Dramatiq's loop thread on the outbox's event loop (``OUTBOX_EVENT_LOOP``)."""
 
@@ -175,7 +194,7 @@ class WorkerRuntime:
         A Dramatiq time limit (or shutdown), or a Celery soft time limit, interrupting the calling
         thread cancels the attempt.
         """
-        started = time.monotonic()  # the fabric's time limit runs from here, see ``_run``
+        started = _delivered_at()  # the fabric's time limit runs from then, see ``_run``
         self.start()
         assert self._thread is not None
         return run_on_loop(self._thread.loop, lambda: self._run(kind, token, started))
@@ -189,7 +208,7 @@ class WorkerRuntime:
         then left to its lease), the first error is raised after the rest ended, so Dramatiq
         logs the message as failed. An Interrupt cancels them all.
         """
-        started = time.monotonic()  # the fabric's time limit runs from here, see ``_run``
+        started = _delivered_at()  # the fabric's time limit runs from then, see ``_run``
         self.start()
         assert self._thread is not None
         outcomes = run_on_loop(self._thread.loop, lambda: self._run_all(kind, tokens, started))
@@ -211,13 +230,15 @@ class WorkerRuntime:
         """Takes and runs one message's attempt, then the lane's next actions its finishes
         handed on (``hand_off``); returns the message's own attempt's outcome.
 
-        ``started``: ``time.monotonic()`` when the fabric handed the message over, in its
-        thread. The fabric's time limit (the lease) runs from then, not from when this loop got
-        round to the message, which a busy loop, or a pool still opening after a database
-        restart, may put seconds later: the attempt's deadline and what a hand-off may lease
-        are measured from it, so neither outlives the time limit, which would cancel an attempt
-        past its fence while its own lease still held (an email then ends UNCERTAIN). It is
-        also before the take, so the local deadline never outlives the database lease."""
+        ``started``: ``time.monotonic()`` when the fabric began the message (``mark_delivery``,
+        else when it handed the message over, in its thread). The fabric's time limit (the
+        lease) runs from then, not from when this loop got round to the message, which a busy
+        loop, a pool still opening after a database restart, or a thread kept waiting for the
+        interpreter lock in an overloaded process, may put seconds later: the attempt's
+        deadline and what a hand-off may lease are measured from it, so neither outlives the
+        time limit, which would cancel an attempt past its fence while its own lease still held
+        (an email then ends UNCERTAIN). It is also before the take, so the local deadline never
+        outlives the database lease."""
         executor = self._executor or await self._ready()
         self._running += 1
         try:
