@@ -66,8 +66,10 @@ class Options:
     #: provider call (the lingers and the sink's late 250 stay well inside it).
     lease: float = 6.0
     write_margin: float = 2.0
-    #: How long the settle phase may wait for every action to end after the kills stop.
-    settle: float = 120.0
+    #: How long the settle phase may wait for every action to end after the kills stop (it
+    #: ends as soon as they have). A bound for an overloaded machine, where the SMTP sink's
+    #: injected 4xx answers and their backoff still kept a few emails waiting at 120 s.
+    settle: float = 300.0
     database_url: str = DEFAULT_DATABASE_URL
     broker_url: str = DEFAULT_BROKER_URL
     keep: bool = False
