@@ -14,6 +14,7 @@ import copy
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import dramatiq
@@ -199,6 +200,10 @@ def _add_delivery_clock(broker: Broker) -> None:
         broker.add_middleware(DeliveryClock())
 
 
+#: How long past an attempt's lease Dramatiq's time limit cancels its message (the Celery
+#: fabric's hard limit has a grace of its own).
+TIME_LIMIT_GRACE = timedelta(seconds=10)
+
 _installed: weakref.WeakKeyDictionary[Outbox, Dispatch] = weakref.WeakKeyDictionary()
 
 
@@ -208,18 +213,22 @@ def installed(outbox: Outbox) -> Dispatch | None:
 
 
 def actor_options(outbox: Outbox, broker: Broker) -> dict[str, Any]:
-    """Never retried by Dramatiq (the outbox owns retries); time limit = the lease.
+    """Never retried by Dramatiq (the outbox owns retries); time limit = the lease and
+    ``TIME_LIMIT_GRACE``.
 
     The executor ends an attempt at its deadline: its lease by the database clock (started
     afresh by the take), and no later than ``lease`` after the message began (``DeliveryClock``
-    notes when, before ``TimeLimit`` starts its clock), so the time limit never cuts an
-    attempt's own supervision short and only frees a worker thread whose attempt outstayed its
-    lease. Options the broker has no middleware for are left out,
-    so a shop's broker without ``Retries`` or ``TimeLimit`` still takes the actors.
+    notes when, before ``TimeLimit`` starts its clock). The time limit only frees a worker
+    thread whose attempt outstayed its lease: it comes a grace later, so a loop that runs the
+    executor's timeouts late (an overloaded process) still ends its attempts itself, each with
+    its finish written, instead of Dramatiq cancelling one past its fence (an email then ends
+    UNCERTAIN). Options the broker has no middleware for are left out, so a shop's broker
+    without ``Retries`` or ``TimeLimit`` still takes the actors.
     """
+    lease_ms = int(outbox.settings.lease.total_seconds() * 1000)
     options = {
         "max_retries": 0,
-        "time_limit": int(outbox.settings.lease.total_seconds() * 1000),
+        "time_limit": lease_ms + int(TIME_LIMIT_GRACE.total_seconds() * 1000),
     }
     return {name: value for name, value in options.items() if name in broker.actor_options}
 
