@@ -182,9 +182,9 @@ class DeliveryClock(Middleware):
     """Notes when a message begins, before Dramatiq's ``TimeLimit`` starts its clock
     (``outbox.dispatch.runtime.mark_delivery``): an attempt's deadline, and a lane hand-off's
     lease, count from then, and the time limit never cancels an attempt whose own lease holds.
-    Measured at the actor's call instead, an overloaded process (a thread waiting seconds for
-    the interpreter lock between the middleware and the actor) cut attempts past their fence,
-    and an email ended UNCERTAIN with its lease still running."""
+    Measured at the actor's call instead, an overloaded process (seconds between Dramatiq's
+    middleware and the actor's first line) cut attempts past their fence, and an email ended
+    UNCERTAIN with its lease still running."""
 
     def before_process_message(self, broker: Broker, message: Any) -> None:
         mark_delivery()

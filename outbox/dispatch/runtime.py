@@ -233,8 +233,8 @@ class WorkerRuntime:
         ``started``: ``time.monotonic()`` when the fabric began the message (``mark_delivery``,
         else when it handed the message over, in its thread). The fabric's time limit (the
         lease) runs from then, not from when this loop got round to the message, which a busy
-        loop, a pool still opening after a database restart, or a thread kept waiting for the
-        interpreter lock in an overloaded process, may put seconds later: the attempt's
+        loop, a pool still opening after a database restart, or a thread kept waiting in an
+        overloaded process, may put seconds later: the attempt's
         deadline and what a hand-off may lease are measured from it, so neither outlives the
         time limit, which would cancel an attempt past its fence while its own lease still held
         (an email then ends UNCERTAIN). It is also before the take, so the local deadline never
