@@ -81,10 +81,43 @@ def _latencies(n: int, name: str, **settings: str) -> tuple[list[float], dict[st
             wait_until(lambda: client.hlen(apps.STARTS_KEY) >= n, 60, "latency actions not started")
             cpu.stop()
             starts = {int(k): float(v) for k, v in client.hgetall(apps.STARTS_KEY).items()}
+            phases = _phases(schema, committed, starts)
         # After the processes ended: their sessions hand their counts over as they end.
         functions = server_time.per_action(schema, n, tracked)
-    measured: dict[str, Any] = {**cpu.per_action_ms(n), "server_functions": functions}
+    measured: dict[str, Any] = {
+        **cpu.per_action_ms(n),
+        **phases,
+        "server_functions": functions,
+    }
     return [starts[i] - t for i, t in committed.items()], measured
+
+
+def _phases(
+    schema: str, committed: dict[int, float], starts: dict[int, float]
+) -> dict[str, float | None]:
+    """Where an action's latency goes, p50 of each span: the enqueue's commit -> its claim
+    (the NOTIFY, the claimer's wake-up, the round's opening query), the claim -> the take (the
+    claim's statement and commit, the push, the broker, the worker's wake-up and its take
+    statement's start), the take -> the adapter's start (the take's statement, its commit, the
+    executor's hand-over). The database clock and the wall clock are the same machine's."""
+    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
+        rows = conn.execute(
+            f"SELECT action_id, extract(epoch FROM claimed_at)::float8,"
+            f' extract(epoch FROM taken_at)::float8 FROM "{schema}".agent_action_attempt'
+            " WHERE attempt = 1"
+        ).fetchall()
+    spans: dict[str, list[float]] = {name: [] for name in PHASES}
+    for action_id, claimed, taken in rows:
+        if action_id not in committed or action_id not in starts:
+            continue
+        spans["commit_to_claim_p50_ms"].append(claimed - committed[action_id])
+        spans["claim_to_take_p50_ms"].append(taken - claimed)
+        spans["take_to_start_p50_ms"].append(starts[action_id] - taken)
+    return {name: ms(percentile(v, 50)) if v else None for name, v in spans.items()}
+
+
+#: The spans ``_phases`` reports, in the order an action crosses them.
+PHASES = ("commit_to_claim_p50_ms", "claim_to_take_p50_ms", "take_to_start_p50_ms")
 
 
 def _result(

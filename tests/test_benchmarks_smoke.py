@@ -22,7 +22,7 @@ import psycopg
 import pytest
 import redis
 
-from benchmarks import peers
+from benchmarks import latency, peers
 from benchmarks.__main__ import SCENARIOS
 from tests.services import missing_service
 
@@ -99,6 +99,12 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(name, database_url
         if row["scenario"] in CPU_REPORTED:
             assert row["postgres_cpu_ms_per_action"] > 0, row
             assert row["total_cpu_ms_per_action"] >= row["postgres_cpu_ms_per_action"], row
+        if row["scenario"].startswith("latency"):
+            # Where the latency goes: every span was measured (the first compares the client's
+            # clock after its commit with the claim's start, so it may be a hair below zero).
+            spans = [row[name] for name in latency.PHASES]
+            assert all(span is not None and math.isfinite(span) for span in spans), row
+            assert all(row[name] >= 0 for name in latency.PHASES[1:]), row
         if row["scenario"].startswith("latency") and superuser(database_url):
             # Every session's counts were in before they were read: one enqueue a transaction
             # is one call of the insert trigger an action, and every action was claimed.

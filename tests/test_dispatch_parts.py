@@ -568,32 +568,117 @@ def own_redis_url() -> Iterator[str]:
         yield server.url
 
 
+def _push(dispatch: Any, items: list[tuple[str, FenceToken]], on_loop: bool) -> None:
+    """``items`` pushed as the claimer pushes them: from its event loop (``loop_push``) or with
+    the blocking ``push_many`` (from a thread)."""
+    if not on_loop:
+        dispatch.push_many(items)
+        return
+
+    async def pushed() -> None:
+        pusher = dispatch.loop_push()
+        assert pusher is not None
+        try:
+            await pusher.push_many(items)
+        finally:
+            await pusher.aclose()
+
+    asyncio.run(pushed())
+
+
+@pytest.mark.parametrize("on_loop", [False, True], ids=["thread", "event-loop"])
 def test_a_push_costs_one_redis_round_trip_and_survives_a_script_flush(
-    make_outbox: Any, schema: str, own_redis_url: str
+    make_outbox: Any, schema: str, own_redis_url: str, on_loop: bool
 ) -> None:
     outbox, kind = _outbox(make_outbox, schema, actions_per_message=1)
     dispatch = install(outbox, broker_from_url(own_redis_url))
     client = redis.Redis.from_url(own_redis_url)
     queue = f"dramatiq:{dispatch.actors[kind].queue_name}"
+    wakes = wake_key("dramatiq", dispatch.actors[kind].queue_name)
 
     def calls(command: str) -> int:
         stats = client.info("commandstats").get(f"cmdstat_{command}")
         return int(stats["calls"]) if stats else 0
 
     # A fresh server knows no script: the first push loads it, the messages go once.
-    dispatch.push_many([(kind, FenceToken(i, 1)) for i in range(1, 4)])
+    _push(dispatch, [(kind, FenceToken(i, 1)) for i in range(1, 4)], on_loop)
     assert client.llen(queue) == 3
+    client.delete(wakes)  # the refused first send's tokens went too (harmless: spare wakes)
     client.config_resetstat()
-    dispatch.push_many([(kind, FenceToken(i, 1)) for i in range(4, 7)])
+    _push(dispatch, [(kind, FenceToken(i, 1)) for i in range(4, 7)], on_loop)
     assert client.llen(queue) == 6
+    assert client.llen(wakes) == 3, "each message comes with a wake token"
     assert calls("script|exists") == 0, "a push asked Redis whether it knows the script"
     assert calls("evalsha") == 3
     # Redis lost its scripts (as after a restart): the push loads the script again.
     client.script_flush()
-    dispatch.push_many([(kind, FenceToken(i, 1)) for i in range(7, 9)])
+    _push(dispatch, [(kind, FenceToken(i, 1)) for i in range(7, 9)], on_loop)
     assert client.llen(queue) == 8
     ids = [int(m.split(b'"args":[')[1].split(b",")[0]) for m in client.hvals(queue + ".msgs")]
     assert sorted(ids) == list(range(1, 9))
+
+
+def test_a_push_from_the_event_loop_goes_through_enqueue_and_its_middleware(
+    make_outbox: Any, schema: str, redis_url: str, clean_redis: None
+) -> None:
+    outbox, kind = _outbox(make_outbox, schema, actions_per_message=2)
+    seen: list[tuple[int, ...]] = []
+
+    class See(Middleware):
+        def before_enqueue(self, broker: Any, message: Any, delay: Any) -> None:
+            seen.append(tuple(message.args))
+
+    dispatch = install(outbox, broker_from_url(redis_url, middleware=[See()]))
+    _push(
+        dispatch,
+        [(kind, FenceToken(1, 1)), (kind, FenceToken(2, 1)), (kind, FenceToken(3, 2))],
+        True,
+    )
+    assert seen == [(1, 1, 2, 1), (3, 2)]
+    queue = f"dramatiq:{dispatch.actors[kind].queue_name}"
+    assert redis.Redis.from_url(redis_url).llen(queue) == 2
+
+
+def test_only_a_redis_broker_made_from_its_url_is_pushed_from_the_event_loop(
+    make_outbox: Any, schema: str, redis_url: str
+) -> None:
+    """The loop's client is opened from the broker's URL with the outbox's timeouts; a broker
+    the application built (its own client, its own options) is pushed from a thread."""
+    made, _ = _outbox(make_outbox, schema)
+    assert install(made, broker_from_url(redis_url)).loop_push() is not None
+    own, _ = _outbox(make_outbox, schema + "_own")
+    assert install(own, RedisBroker(url=redis_url)).loop_push() is None
+    rabbit, _ = _outbox(make_outbox, schema + "_amqp")
+    assert install(rabbit, broker_from_url("amqp://guest:guest@127.0.0.1:5672")).loop_push() is None
+
+
+async def test_a_running_claimer_pushes_from_its_event_loop_and_closes_its_client(
+    make_outbox: Any, schema: str, redis_url: str, clean_redis: None
+) -> None:
+    outbox, kind = _outbox(make_outbox, schema)
+    dispatch = install(outbox, broker_from_url(redis_url))
+    stop = asyncio.Event()
+    async with outbox.store() as store:
+        claimer = Claimer(dispatch, store)
+        threaded: list[int] = []
+        push_or_unpushed = claimer.push_or_unpushed
+
+        def counted(claimed: Any) -> Any:
+            threaded.append(len(claimed))
+            return push_or_unpushed(claimed)
+
+        claimer.push_or_unpushed = counted  # type: ignore[method-assign]
+        task = asyncio.create_task(claimer.run(stop))
+        await asyncio.to_thread(_enqueue, outbox, kind, 3)
+        while claimer.totals["pushed"] < 3:
+            await asyncio.sleep(0.01)
+        pusher = claimer.loop_pusher
+        assert pusher is not None and threaded == []
+        stop.set()
+        await asyncio.wait_for(task, 5)
+    assert claimer.loop_pusher is None and pusher._client is None  # type: ignore[attr-defined]
+    queue = f"dramatiq:{dispatch.actors[kind].queue_name}"
+    assert redis.Redis.from_url(redis_url).llen(queue) >= 1
 
 
 def _counted_fetches(consumer: Any) -> list[float]:

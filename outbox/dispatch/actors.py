@@ -10,7 +10,6 @@ be scaled by a worker pool of its own.
 
 from __future__ import annotations
 
-import copy
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -19,14 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import dramatiq
 from dramatiq import Actor, Broker, Message
-from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware, TimeLimit
-from redis.exceptions import NoScriptError
 
 from outbox.dispatch.broker import default_broker
 from outbox.dispatch.fabric import batches, deliver, even_chunks
 from outbox.dispatch.health_watch import ConsumerHealth
 from outbox.dispatch.pushing import check_broker
+from outbox.dispatch.redis_push import LoopPush, push_pipelined
 from outbox.dispatch.runtime import WorkerRuntime, mark_delivery
 from outbox.dispatch.wake import queue_counts, wake_consumers
 from outbox.fence_token import BIGINT_MAX, FenceToken
@@ -96,68 +94,14 @@ class Dispatch:
         take) or leave them to their leases.
         """
         messages = self.messages(items)
-        if not _push_pipelined(self.broker, messages):
+        if not push_pipelined(self.broker, messages):
             self._enqueue_and_wake(messages)
         return messages
 
-
-def _push_pipelined(broker: Broker, messages: list[Message[Any]]) -> bool:
-    """Enqueues ``messages`` and their wake tokens in one Redis round trip; False (nothing
-    sent) for a broker that is not a ``RedisBroker`` of the internals ``_pipelined_redis``
-    knows.
-
-    The dispatch script runs by its hash alone: a pipeline that registers a script asks
-    Redis whether it knows it first (``SCRIPT EXISTS``), a round trip of its own on every
-    push. A Redis that lost its scripts (a restart, ``SCRIPT FLUSH``) refuses every
-    ``EVALSHA`` of the pipeline alike, so none of its messages went: the script is loaded
-    again and the pipeline sent once more (a twin message of an epoch, should one have gone
-    after all, is dropped by the worker's take)."""
-    pipelined = _pipelined_redis(broker)
-    if pipelined is None:
-        return False
-    try:
-        _send_pipelined(broker, pipelined, messages)
-    except NoScriptError:
-        script = pipelined[2]
-        script.sha = script.registered_client.script_load(script.script)
-        _send_pipelined(broker, pipelined, messages)
-    return True
-
-
-def _send_pipelined(
-    broker: Broker, pipelined: tuple[Broker, Any, Any], messages: list[Message[Any]]
-) -> None:
-    view, pipe, _ = pipelined
-    with pipe:  # leaving it resets the pipeline, which a second send then fills afresh
-        for message in messages:
-            view.enqueue(message)
-        # The wake tokens ride in the same round trip, after the messages they announce.
-        wake_consumers(broker, queue_counts(messages), pipe)
-        pipe.execute()
-
-
-def _pipelined_redis(broker: Broker) -> tuple[Broker, Any, Any] | None:
-    """A view of a ``RedisBroker`` whose enqueues go into a fresh Redis pipeline, the
-    pipeline and the broker's dispatch script; or None.
-
-    Relies on ``RedisBroker``'s internals (its ``dispatch`` script and ``_dispatch``, as of
-    Dramatiq 2.x); any other broker, or a version without them, gets None and single pushes.
-    """
-    if not isinstance(broker, RedisBroker):
-        return None
-    try:
-        script = broker.scripts["dispatch"]
-        pipe = broker.client.pipeline(transaction=False)
-
-        def dispatch(keys: list[Any], args: list[Any]) -> Any:
-            return pipe.evalsha(script.sha, len(keys), *keys, *args)
-
-        view: Any = copy.copy(broker)  # internals the stubs do not declare
-        view.scripts = {**broker.scripts, "dispatch": dispatch}
-        view.do_enqueue = view._dispatch("enqueue")
-    except (AttributeError, KeyError, TypeError):
-        return None
-    return view, pipe, script
+    def loop_push(self) -> LoopPush | None:
+        """A pusher for the claimer's event loop (``outbox.dispatch.redis_push``), for a Redis
+        broker the outbox made from its URL; None otherwise (pushes then go from a thread)."""
+        return LoopPush.for_broker(self.broker, self.messages)
 
 
 class OutboxRuntimeMiddleware(Middleware):

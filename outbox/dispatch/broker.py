@@ -42,7 +42,7 @@ def broker_from_url(url: str, *, middleware: list[Middleware] | None = None) -> 
         if scheme in _REDIS_SCHEMES:
             import redis
 
-            from outbox.dispatch.wake import waking_redis_broker_class
+            from outbox.dispatch.wake import WakingRedisBroker, waking_redis_broker_class
 
             pool = redis.ConnectionPool.from_url(
                 url,
@@ -51,7 +51,10 @@ def broker_from_url(url: str, *, middleware: list[Middleware] | None = None) -> 
             )
             # Its idle consumers wait for the claimer's wake-up instead of polling blind.
             broker_class = waking_redis_broker_class()
-            return broker_class(client=redis.Redis(connection_pool=pool), middleware=middleware)
+            broker = broker_class(client=redis.Redis(connection_pool=pool), middleware=middleware)
+            if isinstance(broker, WakingRedisBroker):
+                broker.url = url  # the claimer's loop pushes over a client of its own
+            return broker
         if scheme in _RABBITMQ_SCHEMES:
             from dramatiq.brokers.rabbitmq import RabbitmqBroker
 

@@ -93,6 +93,10 @@ class CeleryDispatch:
         """Puts one ``(action_id, epoch)`` message on the kind's queue."""
         self._publish([(kind, [token])])
 
+    def loop_push(self) -> None:
+        """None: kombu's publish is blocking, so the claimer pushes from a thread."""
+        return None
+
     def push_many(self, items: Iterable[tuple[str, FenceToken]]) -> int:
         """Pushes ``(kind, token)`` items, at most ``actions_per_message`` a message, over one
         producer (one broker connection for the round). Returns how many messages went."""

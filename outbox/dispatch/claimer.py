@@ -33,9 +33,9 @@ from outbox._io import Operation, Rows, Statement, run_async
 from outbox.connecting import CONNECTION_OPTIONS, one_line, wait_for_database
 from outbox.dispatch.claim_guard import ClaimLockBusy, close_claim_round, open_claim_round
 from outbox.dispatch.consumption import ConsumptionWatch
-from outbox.dispatch.fabric import Fabric, batches
+from outbox.dispatch.fabric import Fabric, LoopPusher, batches
 from outbox.dispatch.heartbeat import Heartbeat
-from outbox.dispatch.pushing import BrokerGate, OffLoop
+from outbox.dispatch.pushing import BrokerGate, OffLoop, PushTimeout
 from outbox.health import ProcessHealth, process_health, start_health_server
 from outbox.limits import KindLimits
 from outbox.maintenance import Maintenance
@@ -316,6 +316,9 @@ class Claimer:
         #: Per kind, the limit key the last claim reached: the next starts after it.
         self.fair_cursor: dict[str, str] = {}
         self.off_loop = OffLoop(self.settings.push_timeout.total_seconds())
+        #: Pushes from this loop where the fabric can (``Fabric.loop_push``): ``run`` opens it
+        #: and closes it when it ends; ``run_once`` alone pushes from a thread.
+        self.loop_pusher: LoopPusher | None = None
         self.gate = BrokerGate(dispatch.check_broker, self.off_loop)
         #: Live while rounds go round; ready while they claim and push (outbox.health).
         self.health = health or ProcessHealth("claimer")
@@ -359,20 +362,20 @@ class Claimer:
     def push_or_unpushed(self, claimed: list[ClaimedAction]) -> list[ClaimedAction]:
         """Pushes the claimed actions (after the claim committed), up to ``actions_per_message``
         a message; returns those whose push failed. Blocking: ``run_once`` runs it off the event
-        loop (``push_off_loop``)."""
+        loop (``push``)."""
         items = [(c.action.kind, c.action.token) for c in claimed]
         try:
             self.dispatch.push_many(items)
             return []
         except Exception as error:
-            # Some may have gone: pushed again one message at a time (a twin delivery of an
-            # epoch is dropped by the worker's take); the first failure ends the attempt, as
-            # the broker is evidently not answering, and the rest is given back.
-            log.warning(
-                "pipelined push of %s actions failed (%s); pushing one by one",
-                len(claimed),
-                one_line(error),
-            )
+            self._log_pipelined_failure(claimed, error)
+        return self.push_one_by_one(claimed)
+
+    def push_one_by_one(self, claimed: list[ClaimedAction]) -> list[ClaimedAction]:
+        """After a pipelined push failed, some may have gone: pushed again one message at a time
+        (a twin delivery of an epoch is dropped by the worker's take); the first failure ends
+        it, as the broker is evidently not answering, and the rest is returned. Blocking."""
+        items = [(c.action.kind, c.action.token) for c in claimed]
         by_token = {c.action.token: c for c in claimed}
         messages = batches(items, self.settings.actions_per_message)
         for index, (kind, tokens) in enumerate(messages):
@@ -383,11 +386,23 @@ class Claimer:
                 return [by_token[token] for _, rest in messages[index:] for token in rest]
         return []
 
-    async def push_off_loop(self, claimed: list[ClaimedAction]) -> int:
-        """Pushes on a thread under ``push_timeout``; what did not go is given back at once
-        (``give_back``) and the broker gate closes. Returns how many actions went."""
+    @staticmethod
+    def _log_pipelined_failure(claimed: list[ClaimedAction], error: BaseException) -> None:
+        log.warning(
+            "pipelined push of %s actions failed (%s); pushing one by one",
+            len(claimed),
+            one_line(error),
+        )
+
+    async def push(self, claimed: list[ClaimedAction]) -> int:
+        """Pushes under ``push_timeout``: on the event loop where the fabric can
+        (``loop_push``, opened by ``run``), else on a thread. What did not go is given back at
+        once (``give_back``) and the broker gate closes. Returns how many actions went."""
         try:
-            unpushed = await self.off_loop.run(self.push_or_unpushed, claimed)
+            if self.loop_pusher is not None:
+                unpushed = await self._push_on_loop(self.loop_pusher, claimed)
+            else:
+                unpushed = await self.off_loop.run(self.push_or_unpushed, claimed)
             reason = "a push failed"
         except Exception as error:
             # Timed out (the broker stalls): none is known to have gone.
@@ -397,6 +412,22 @@ class Claimer:
             self.gate.close(reason)
             await self.give_back(unpushed)
         return len(claimed) - len(unpushed)
+
+    async def _push_on_loop(
+        self, pusher: LoopPusher, claimed: list[ClaimedAction]
+    ) -> list[ClaimedAction]:
+        """``pusher.push_many`` under ``push_timeout`` (``PushTimeout`` past it); after any
+        other failure, one message at a time from a thread, as ``push_or_unpushed``."""
+        items = [(c.action.kind, c.action.token) for c in claimed]
+        timeout = self.settings.push_timeout.total_seconds()
+        try:
+            await asyncio.wait_for(pusher.push_many(items), timeout)
+            return []
+        except TimeoutError:
+            raise PushTimeout(f"no answer from the broker within {timeout}s") from None
+        except Exception as error:
+            self._log_pipelined_failure(claimed, error)
+        return await self.off_loop.run(self.push_one_by_one, claimed)
 
     async def give_back(self, unpushed: list[ClaimedAction]) -> None:
         """Claims whose push failed become due again now (``release_claims``), unless a worker
@@ -445,7 +476,7 @@ class Claimer:
         result = await self.claim()
         self._in_flight_now = sum(result.in_flight.values()) + len(result.claimed)
         if result.claimed:
-            result.pushed = await self.push_off_loop(result.claimed)
+            result.pushed = await self.push(result.claimed)
         self.totals["rounds"] += 1
         self.totals["claimed"] += len(result.claimed)
         self.totals["pushed"] += result.pushed
@@ -460,6 +491,7 @@ class Claimer:
             self.settings.lease.total_seconds(),
             event_loop.loop_name(asyncio.get_running_loop()),
         )
+        self.loop_pusher = self.dispatch.loop_push()
         beating = asyncio.Event()
         heartbeat = asyncio.create_task(self.heartbeat.run(beating))
         housekeeping = asyncio.create_task(self.housekeep(beating))
@@ -493,6 +525,7 @@ class Claimer:
             await heartbeat
             await housekeeping
             await self._close_listener()
+            await self._close_loop_pusher()
             self.off_loop.close()
             log.info("claimer stopped: %s", self.totals)
 
@@ -534,6 +567,12 @@ class Claimer:
             return None
         self._listener = conn
         return conn
+
+    async def _close_loop_pusher(self) -> None:
+        pusher, self.loop_pusher = self.loop_pusher, None
+        if pusher is not None:
+            with contextlib.suppress(Exception):  # a broker gone meanwhile: nothing to close
+                await pusher.aclose()
 
     async def _close_listener(self) -> None:
         if self._listener is not None:

@@ -4,7 +4,8 @@ The claimer (bound, claim, give-back, consumption watch), the worker runtime (ta
 epoch, the executor, group commit) and the message format are shared. A fabric adds four things:
 
 - ``push_many`` / ``push_batch``: put ``(action_id, epoch)`` pairs on a kind's queue, as
-  messages of at most ``actions_per_message`` pairs (``batches``);
+  messages of at most ``actions_per_message`` pairs (``batches``); ``loop_push``, where the
+  broker has an asyncio client, does what ``push_many`` does from the claimer's event loop;
 - a worker-side entry (a Dramatiq actor, a Celery task) that hands a message's arguments to
   ``deliver``, which parses them and runs them through the process's ``WorkerRuntime``;
 - ``check_broker``: whether the broker answers, for the claimer's ``BrokerGate``;
@@ -30,12 +31,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("outbox.dispatch")
 
-__all__ = ["FABRICS", "Batch", "Fabric", "batches", "deliver", "even_chunks"]
+__all__ = ["FABRICS", "Batch", "Fabric", "LoopPusher", "batches", "deliver", "even_chunks"]
 
 T = TypeVar("T")
 
 #: A message's content: a kind and the tokens it carries.
 Batch = tuple[str, list[FenceToken]]
+
+
+class LoopPusher(Protocol):
+    """Pushes from the claimer's event loop, without a thread (``Fabric.loop_push``)."""
+
+    async def push_many(self, items: Iterable[tuple[str, FenceToken]]) -> None:
+        """As ``Fabric.push_many``; the claimer bounds it with ``push_timeout``."""
+        ...
+
+    async def aclose(self) -> None:
+        """Closes its connections (the claimer's run ends)."""
+        ...
 
 
 class Fabric(Protocol):
@@ -55,6 +68,11 @@ class Fabric(Protocol):
     def push_many(self, items: Iterable[tuple[str, FenceToken]]) -> object:
         """Pushes ``batches(items)``. Raises if the broker failed, and then none, some or all
         of them may have been queued (a twin delivery of an epoch is dropped by the take)."""
+        ...
+
+    def loop_push(self) -> LoopPusher | None:
+        """A pusher for the claimer's event loop, where the broker has an asyncio client;
+        None: the claimer pushes with ``push_many`` on a thread."""
         ...
 
     def push_batch(self, kind: str, tokens: Sequence[FenceToken]) -> None:

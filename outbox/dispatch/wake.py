@@ -151,6 +151,10 @@ else:
 class WakingRedisBroker(RedisBroker):
     """A ``RedisBroker`` whose consumers wait on their queue's wake list when idle."""
 
+    #: The URL ``broker_from_url`` made it from: the claimer pushes over an asyncio client of
+    #: the same URL on its event loop (``outbox.dispatch.redis_push``).
+    url: str | None = None
+
     @property
     def consumer_class(self) -> Any:
         return _WakingConsumer or super().consumer_class
