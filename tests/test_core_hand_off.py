@@ -408,6 +408,42 @@ def test_a_message_s_time_runs_from_its_delivery_not_from_when_it_got_to_run(
     assert second.id not in adapter.deadlines
 
 
+def test_a_message_that_waited_past_its_time_for_the_pool_is_not_taken(
+    make_outbox, database_url, schema, conn
+):
+    """A message whose fabric clock (the lease, from its delivery) leaves less than the write
+    margin by the time the worker's pool is ready could never pass its fence: it is left to its
+    claim's lease, untaken, instead of spending an attempt on an immediate retry."""
+    from outbox._io import run_sync
+    from outbox.dispatch.runtime import mark_delivery
+    from outbox.store import claim_operation
+
+    adapter = _Deadlines()
+    lease, margin = timedelta(seconds=2), timedelta(milliseconds=500)
+    ob = make_outbox(lease=lease, write_margin=margin)
+    ob.register(NOTE, adapter)
+    ob.migrate()
+    enqueue_many(conn, [_request(0, "A"), _request(1, "B")], schema=schema)
+    conn.commit()
+    late, timely = run_sync(conn, claim_operation(schema, {"NOTE": 2}, lease, take=False))
+    conn.commit()
+    runtime = WorkerRuntime(ob)
+    runtime.start()
+    try:
+        mark_delivery()  # as DeliveryClock does; then the pool keeps it waiting past its time
+        time.sleep((lease - margin).total_seconds() + 0.1)
+        assert runtime.run("NOTE", late.action.token) is None
+        mark_delivery()
+        outcome = runtime.run("NOTE", timely.action.token)
+    finally:
+        runtime.stop()
+    untaken = _row(database_url, schema, late.action.id)
+    assert (untaken["state"], untaken["attempt"], untaken["taken_epoch"]) == ("EXECUTING", 0, None)
+    assert late.action.id not in adapter.deadlines
+    assert outcome is not None and outcome.recorded
+    assert _row(database_url, schema, timely.action.id)["state"] == "DONE"
+
+
 def test_the_delivery_clock_starts_before_dramatiq_s_time_limit_does():
     from dramatiq.brokers.stub import StubBroker
     from dramatiq.middleware import TimeLimit

@@ -13,7 +13,6 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import dramatiq
@@ -25,7 +24,7 @@ from outbox.dispatch.fabric import batches, deliver, even_chunks
 from outbox.dispatch.health_watch import ConsumerHealth
 from outbox.dispatch.pushing import check_broker
 from outbox.dispatch.redis_push import LoopPush, push_pipelined
-from outbox.dispatch.runtime import WorkerRuntime, mark_delivery
+from outbox.dispatch.runtime import TIME_LIMIT_GRACE, WorkerRuntime, mark_delivery
 from outbox.dispatch.wake import queue_counts, wake_consumers
 from outbox.fence_token import BIGINT_MAX, FenceToken
 from outbox.metrics import MetricsExposition
@@ -143,10 +142,6 @@ def _add_delivery_clock(broker: Broker) -> None:
     else:
         broker.add_middleware(DeliveryClock())
 
-
-#: How long past an attempt's lease Dramatiq's time limit cancels its message (the Celery
-#: fabric's hard limit has a grace of its own).
-TIME_LIMIT_GRACE = timedelta(seconds=10)
 
 _installed: weakref.WeakKeyDictionary[Outbox, Dispatch] = weakref.WeakKeyDictionary()
 

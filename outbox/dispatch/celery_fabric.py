@@ -17,8 +17,10 @@ How Celery's delivery semantics meet the outbox's epochs (the task options ``ins
 - No Celery retries (``max_retries=0``; the outbox owns retries), no result (``ignore_result``;
   no result backend is needed), JSON (``serializer``), each kind on its own queue
   (``ActionKind.queue_name``, given to every publish).
-- ``soft_time_limit`` = the lease: ``SoftTimeLimitExceeded`` cancels an attempt that outstayed
-  its lease (the executor ends it at the lease anyway); ``time_limit`` a little later ends the
+- ``soft_time_limit`` = the lease and ``TIME_LIMIT_GRACE``: ``SoftTimeLimitExceeded`` cancels
+  an attempt that outstayed its lease (the executor ends each attempt at its lease itself, its
+  finish written; the grace keeps a late loop's attempts from being cut off past their fence
+  while their lease holds, as for Dramatiq's time limit); ``time_limit`` a little later ends the
   process of one that did not cancel.
 
 A worker process's event loop and pool (and its heartbeat) start once it consumes an outbox
@@ -49,7 +51,7 @@ from outbox.dispatch.broker import (
 )
 from outbox.dispatch.celery_health import ConsumerHealth
 from outbox.dispatch.fabric import Batch, batches, deliver
-from outbox.dispatch.runtime import WorkerRuntime
+from outbox.dispatch.runtime import TIME_LIMIT_GRACE, WorkerRuntime
 from outbox.errors import ConfigurationError
 from outbox.fence_token import FenceToken
 
@@ -61,7 +63,7 @@ if TYPE_CHECKING:
 TASK_PREFIX = "outbox_"
 #: Messages a worker slot prefetches (``outbox_app`` says why not Celery's default of 4).
 PREFETCH_MULTIPLIER = 1
-#: How long after the soft time limit (the lease) Celery ends a task's process.
+#: How long after the soft time limit (the lease and its grace) Celery ends a task's process.
 HARD_LIMIT_GRACE = 30
 
 __all__ = ["TASK_PREFIX", "CeleryDispatch", "app_from_settings", "install", "installed"]
@@ -183,7 +185,7 @@ def installed(outbox: Outbox) -> CeleryDispatch | None:
 
 def task_options(outbox: Outbox) -> dict[str, Any]:
     """The options of every outbox task (the module's docstring says why each)."""
-    lease = int(outbox.settings.lease.total_seconds())
+    soft = int((outbox.settings.lease + TIME_LIMIT_GRACE).total_seconds())
     return {
         "acks_late": True,
         "reject_on_worker_lost": True,
@@ -191,8 +193,8 @@ def task_options(outbox: Outbox) -> dict[str, Any]:
         "ignore_result": True,
         "serializer": "json",
         "max_retries": 0,
-        "soft_time_limit": lease,
-        "time_limit": lease + HARD_LIMIT_GRACE,
+        "soft_time_limit": soft,
+        "time_limit": soft + HARD_LIMIT_GRACE,
         "typing": False,
     }
 

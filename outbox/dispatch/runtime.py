@@ -44,6 +44,12 @@ INTERRUPT_CHECK = 0.1
 #: How long starting the loop thread (and closing the pool at stop) may take before a worker
 #: gives up. Opening the pool waits for PostgreSQL as long as it takes (each wait logged).
 START_TIMEOUT = 30.0
+#: How long past an attempt's lease a fabric's time limit cancels its message (Dramatiq's
+#: ``time_limit``, Celery's ``soft_time_limit``): the executor ends every attempt at its lease
+#: itself, finish written; the fabric's limit only frees a thread whose attempt outstayed it,
+#: and comes this much later so that a loop running the executor's timeouts late (an overloaded
+#: process) never sees an attempt cut off past its fence while its own lease holds.
+TIME_LIMIT_GRACE = timedelta(seconds=10)
 #: Seconds of a message's time limit (the lease, from the message's start) a handed-on
 #: attempt's lease leaves unused: the fabric starts its clock a little before ``_run`` does.
 HAND_OFF_SLACK = 1.0
@@ -240,6 +246,20 @@ class WorkerRuntime:
         (an email then ends UNCERTAIN). It is also before the take, so the local deadline never
         outlives the database lease."""
         executor = self._executor or await self._ready()
+        if self._too_late_to_take(started):
+            # It waited for the pool (PostgreSQL down as the process began) until its time
+            # limit leaves no attempt room to pass its fence: a take would spend an attempt on
+            # nothing. The claim's lease, which began before the push, is about out as well.
+            log.warning(
+                "message for action %s epoch %s (kind %s) began %.1fs ago and waited for the "
+                "outbox's pool: too little of its time left for an attempt, so it is not taken "
+                "(no attempt spent); the action is claimed again when its lease runs out",
+                token.action_id,
+                token.epoch,
+                kind,
+                time.monotonic() - started,
+            )
+            return None
         self._running += 1
         try:
             claimed = await executor.store.take_attempt(token)
@@ -256,6 +276,14 @@ class WorkerRuntime:
             return outcome
         finally:
             self._running -= 1
+
+    def _too_late_to_take(self, started: float) -> bool:
+        """Whether a message that began at ``started`` has less than the write margin of its
+        time (the lease) left: its attempt's deadline would come before it could pass its
+        fence, which needs that margin."""
+        settings = self.outbox.settings
+        left = settings.lease.total_seconds() - (time.monotonic() - started)
+        return left < settings.write_margin.total_seconds()
 
     def stop_handing_off(self) -> None:
         """The worker begins to stop (it waits for the messages it runs): every attempt from now
