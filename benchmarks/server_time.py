@@ -21,6 +21,8 @@ from benchmarks.common import DATABASE_URL
 
 #: Functions of the schema that take less than this an action, in all, are left out.
 SHOWN_FROM_MS = 0.001
+#: The session setting that turns the function statistics on (superuser only).
+TRACK_FUNCTIONS = "-c track_functions=pl"
 
 
 def application_name(schema: str) -> str:
@@ -28,14 +30,19 @@ def application_name(schema: str) -> str:
     return f"bench-{schema}"[:63]
 
 
-def tracking(schema: str, database_url: str = DATABASE_URL) -> dict[str, str]:
-    """Environment for a scenario's processes that turns the function statistics on in their
-    sessions and names them; empty when the benchmark's role may not (not a superuser)."""
+def may_track(database_url: str = DATABASE_URL) -> bool:
+    """Whether the benchmark's role may turn the function statistics on (a superuser)."""
     with psycopg.connect(database_url) as conn:
         row = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
-    if not (row and row[0]):
+    return bool(row and row[0])
+
+
+def tracking(schema: str, database_url: str = DATABASE_URL) -> dict[str, str]:
+    """Environment for a scenario's processes that turns the function statistics on in their
+    sessions and names them; empty when the benchmark's role may not (``may_track``)."""
+    if not may_track(database_url):
         return {}
-    options = " ".join(filter(None, (os.environ.get("PGOPTIONS"), "-c track_functions=pl")))
+    options = " ".join(filter(None, (os.environ.get("PGOPTIONS"), TRACK_FUNCTIONS)))
     return {"PGOPTIONS": options, "PGAPPNAME": application_name(schema)}
 
 
@@ -44,21 +51,27 @@ def session_options(schema: str, settings: dict[str, str]) -> dict[str, Any]:
     the processes' sessions are counted."""
     if not settings:
         return {}
-    return {"options": "-c track_functions=pl", "application_name": application_name(schema)}
+    return {"options": TRACK_FUNCTIONS, "application_name": application_name(schema)}
 
 
 def wait_for_backends(schema: str, timeout: float = 10.0, database_url: str = DATABASE_URL) -> None:
     """Until no backend of the scenario's processes is left (each flushes its counts as it
-    ends), or ``timeout`` seconds."""
+    ends); raises after ``timeout`` seconds, as counts read then would leave a session out."""
     deadline = time.monotonic() + timeout
     with psycopg.connect(database_url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
+        while True:
             row = conn.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
                 (application_name(schema),),
             ).fetchone()
-            if not (row and row[0]):
+            left = row[0] if row else 0
+            if not left:
                 return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"{left} session(s) of {schema} still open after {timeout}s: their "
+                    "function statistics would be left out"
+                )
             time.sleep(0.05)
 
 

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 import redis
 
-from benchmarks import latency, peers
+from benchmarks import latency, peers, server_time
 from benchmarks.__main__ import SCENARIOS
 from tests.services import missing_service
 
@@ -49,13 +49,6 @@ BENCH_REDIS_DB = "/14"
 
 def bench_redis_url(redis_url: str) -> str:
     return urlparse(redis_url)._replace(path=BENCH_REDIS_DB).geturl()
-
-
-def superuser(database_url: str) -> bool:
-    """Whether the benchmarks' role may turn PostgreSQL's function statistics on."""
-    with psycopg.connect(database_url) as conn:
-        row = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
-    return bool(row and row[0])
 
 
 def run_benchmarks(
@@ -105,7 +98,7 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(name, database_url
             spans = [row[name] for name in latency.PHASES]
             assert all(span is not None and math.isfinite(span) for span in spans), row
             assert all(row[name] >= 0 for name in latency.PHASES[1:]), row
-        if row["scenario"].startswith("latency") and superuser(database_url):
+        if row["scenario"].startswith("latency") and server_time.may_track(database_url):
             # Every session's counts were in before they were read: one enqueue a transaction
             # is one call of the insert trigger an action, and every action was claimed.
             functions = row["server_functions"]
