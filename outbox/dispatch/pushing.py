@@ -1,9 +1,11 @@
 """The claimer's side of the broker: pushes off the event loop, and a gate that stops claims
 while the broker does not answer.
 
-A push is a blocking network call (Redis, RabbitMQ). Run on the claimer's event loop, a broker
-that stalls would freeze claims, housekeeping and gauges with it; so every push (and every
-broker check) runs on a small thread pool and counts as failed after ``push_timeout``. What a
+A push through a broker's own client is a blocking network call (Redis, RabbitMQ). Run on the
+claimer's event loop, a broker that stalls would freeze claims, housekeeping and gauges with it;
+so such a push (and every broker check) runs on a small thread pool and counts as failed after
+``push_timeout``. (A fabric with an asyncio client pushes on the loop instead, under the same
+bound: ``Fabric.loop_push``, ``outbox.dispatch.redis_push``.) What a
 failed push carried is given back at once (``release_claims``), and the ``BrokerGate`` stays
 closed, so the claimer claims nothing, until a check finds the broker answering again
 (checks back off, each one logged in one line).
