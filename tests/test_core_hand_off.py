@@ -389,8 +389,8 @@ def test_a_message_s_time_runs_from_its_delivery_not_from_when_it_got_to_run(
     runtime.start()
     busy = 1.5
     try:
-        assert runtime._opening is not None and runtime._thread is not None
-        runtime._opening.result(timeout=30)
+        runtime.wait_ready(timeout=30)
+        assert runtime._thread is not None
         delivered = time.monotonic()
         if late == "busy loop":
             runtime._thread.loop.call_soon_threadsafe(time.sleep, busy)

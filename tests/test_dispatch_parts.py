@@ -34,6 +34,7 @@ from outbox.dispatch.claim_guard import open_claim_round
 from outbox.dispatch.claimer import bounded_claim_operation
 from outbox.dispatch.commands import worker_argv
 from outbox.dispatch.consumption import ConsumptionWatch
+from outbox.dispatch.runtime import WorkerRuntime
 from outbox.dispatch.wake import WAKE_KEEP, WAKE_TTL_MS, wake_key
 from outbox.fence_token import FenceToken
 from outbox.queries import queries_for
@@ -443,6 +444,29 @@ def test_worker_command_passes_processes_threads_queues_and_dramatiq_options_thr
         "outbox.email",
         "--verbose",
     ]
+
+
+def test_a_worker_runtime_is_ready_once_its_pool_opens_and_says_when_it_is_not(
+    make_outbox: Any, schema: str
+) -> None:
+    from tests.email_sink import free_port
+
+    ready = WorkerRuntime(make_outbox())
+    try:
+        ready.wait_ready(timeout=30)
+        ready.wait_ready(timeout=0.01)  # started once a process: at once the second time
+    finally:
+        ready.stop()
+    down = WorkerRuntime(
+        Outbox(f"postgresql://postgres@127.0.0.1:{free_port()}/test", schema=schema)
+    )
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            down.wait_ready(timeout=0.5)
+    finally:
+        down.stop()  # ends its wait for PostgreSQL at once
+    assert time.monotonic() - started < 5
 
 
 def test_run_on_loop_returns_results_and_an_interrupt_cancels_the_attempt() -> None:

@@ -128,6 +128,13 @@ class WorkerRuntime:
                 event_loop.loop_name(thread.loop),
             )
 
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Starts the runtime (``start``) and blocks until its pool is open; raises
+        ``TimeoutError`` after ``timeout`` seconds (PostgreSQL still not answering)."""
+        self.start()
+        assert self._opening is not None
+        self._opening.result(timeout=timeout)
+
     async def _open(self) -> None:
         """Waits for PostgreSQL (with backoff, each wait logged), then opens the pool."""
         assert self._stopping is not None
@@ -247,12 +254,13 @@ class WorkerRuntime:
         outlives the database lease."""
         executor = self._executor or await self._ready()
         if self._too_late_to_take(started):
-            # It waited for the pool (PostgreSQL down as the process began) until its time
-            # limit leaves no attempt room to pass its fence: a take would spend an attempt on
-            # nothing. The claim's lease, which began before the push, is about out as well.
+            # It waited here (for the pool, PostgreSQL being down as the process began, or for
+            # a busy loop) until its time limit leaves no attempt room to pass its fence: a take
+            # would spend an attempt on nothing. The claim's lease, which began before the
+            # push, is about out as well.
             log.warning(
-                "message for action %s epoch %s (kind %s) began %.1fs ago and waited for the "
-                "outbox's pool: too little of its time left for an attempt, so it is not taken "
+                "message for action %s epoch %s (kind %s) began %.1fs ago and waited in this "
+                "worker: too little of its time left for an attempt, so it is not taken "
                 "(no attempt spent); the action is claimed again when its lease runs out",
                 token.action_id,
                 token.epoch,
