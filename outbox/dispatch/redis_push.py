@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio
@@ -64,30 +65,46 @@ def dispatch_calls(broker: Broker, messages: Sequence[Message[Any]]) -> list[Dis
     return calls
 
 
-def _queue(pipe: Any, sha: str, broker: Broker, calls: list[DispatchCall], counts: Any) -> None:
-    """The script calls, then the wake tokens of the messages they announce, on ``pipe``."""
-    for keys, args in calls:
-        pipe.evalsha(sha, len(keys), *keys, *args)
-    wake_consumers(broker, counts, pipe)
+@dataclass(frozen=True)
+class _Push:
+    """One push, ready for either client's pipeline: the dispatch script, its captured calls
+    and the wake tokens the messages need."""
+
+    broker: RedisBroker
+    script: Any
+    calls: list[DispatchCall]
+    counts: dict[str, int]
+
+    @classmethod
+    def of(cls, broker: Broker, messages: list[Message[Any]]) -> _Push | None:
+        calls = dispatch_calls(broker, messages)
+        if calls is None:
+            return None
+        assert isinstance(broker, RedisBroker)
+        return cls(broker, broker.scripts["dispatch"], calls, queue_counts(messages))
+
+    def queue(self, pipe: Any) -> None:
+        """The script calls, then the wake tokens of the messages they announce, on ``pipe``."""
+        for keys, args in self.calls:
+            pipe.evalsha(self.script.sha, len(keys), *keys, *args)
+        wake_consumers(self.broker, self.counts, pipe)
 
 
 def push_pipelined(broker: Broker, messages: list[Message[Any]]) -> bool:
     """Enqueues ``messages`` and their wake tokens in one round trip of the broker's own client
     (blocking); False, with nothing sent, for a broker ``dispatch_calls`` does not know."""
-    calls = dispatch_calls(broker, messages)
-    if calls is None:
+    push = _Push.of(broker, messages)
+    if push is None:
         return False
-    assert isinstance(broker, RedisBroker)
-    script = broker.scripts["dispatch"]
-    counts = queue_counts(messages)
+    script = push.script
     for _ in range(2):
-        with broker.client.pipeline(transaction=False) as pipe:
-            _queue(pipe, script.sha, broker, calls, counts)
+        with push.broker.client.pipeline(transaction=False) as pipe:
+            push.queue(pipe)
             try:
                 pipe.execute()
                 return True
             except NoScriptError:
-                script.sha = broker.client.script_load(script.script)
+                script.sha = push.broker.client.script_load(script.script)
     # Refused twice in a row (scripts flushed again at once): as a failed round trip.
     raise NoScriptError("the dispatch script was not loaded")
 
@@ -103,7 +120,7 @@ class LoopPush:
 
     def __init__(self, broker: WakingRedisBroker, url: str, messages_of: MessagesOf) -> None:
         self.broker = broker
-        self.url = url
+        self.url = url  # the broker's (``for_broker``), known to be set
         self.messages_of = messages_of
         self._client: redis.asyncio.Redis | None = None
 
@@ -130,21 +147,18 @@ class LoopPush:
         """Enqueues ``(kind, token)`` items, as ``Dispatch.push_many`` does, and their wake
         tokens, in one round trip. Raises if it failed, and then none, some or all of them may
         have been queued (a twin delivery of an epoch is dropped by the worker's take)."""
-        messages = self.messages_of(items)
-        calls = dispatch_calls(self.broker, messages)
-        if calls is None:  # pragma: no cover - for_broker took a RedisBroker
+        push = _Push.of(self.broker, self.messages_of(items))
+        if push is None:  # pragma: no cover - for_broker took a RedisBroker
             raise TypeError("not a Redis broker of the internals dispatch_calls knows")
-        script = self.broker.scripts["dispatch"]
-        counts = queue_counts(messages)
         client = self._redis()
         for _ in range(2):
             async with client.pipeline(transaction=False) as pipe:
-                _queue(pipe, script.sha, self.broker, calls, counts)
+                push.queue(pipe)
                 try:
                     await pipe.execute()
                     return
                 except NoScriptError:
-                    await client.script_load(script.script)
+                    await client.script_load(push.script.script)
         raise NoScriptError("the dispatch script was not loaded")
 
     async def aclose(self) -> None:

@@ -289,9 +289,11 @@ class WorkerRuntime:
         """Whether a message that began at ``started`` has less than the write margin of its
         time (the lease) left: its attempt's deadline would come before it could pass its
         fence, which needs that margin."""
-        settings = self.outbox.settings
-        left = settings.lease.total_seconds() - (time.monotonic() - started)
-        return left < settings.write_margin.total_seconds()
+        return self._time_left(started) < self.outbox.settings.write_margin.total_seconds()
+
+    def _time_left(self, started: float) -> float:
+        """Seconds left of the time limit (the lease) of a message that began at ``started``."""
+        return self.outbox.settings.lease.total_seconds() - (time.monotonic() - started)
 
     def stop_handing_off(self) -> None:
         """The worker begins to stop (it waits for the messages it runs): every attempt from now
@@ -308,7 +310,7 @@ class WorkerRuntime:
         if handed >= settings.hand_off or self._draining:
             return None
         lease = settings.lease.total_seconds()
-        left = lease - (time.monotonic() - started) - HAND_OFF_SLACK
+        left = self._time_left(started) - HAND_OFF_SLACK
         if left < max(lease / 2, 2 * settings.write_margin.total_seconds()):
             return None
         return timedelta(seconds=left)
