@@ -36,6 +36,7 @@ from outbox.dispatch.consumption import ConsumptionWatch
 from outbox.dispatch.fabric import Fabric, LoopPusher, batches
 from outbox.dispatch.heartbeat import Heartbeat
 from outbox.dispatch.pushing import BrokerGate, OffLoop, PushTimeout
+from outbox.fence_token import FenceToken
 from outbox.health import ProcessHealth, process_health, start_health_server
 from outbox.limits import KindLimits
 from outbox.maintenance import Maintenance
@@ -104,6 +105,11 @@ def whole_messages(batch_size: int, per_message: int) -> int:
     whole provider call for one to come free.
     """
     return batch_size - batch_size % per_message if batch_size >= per_message else batch_size
+
+
+def pushed_items(claimed: Iterable[ClaimedAction]) -> list[tuple[str, FenceToken]]:
+    """What a push carries of each claimed action: its kind (which actor) and its token."""
+    return [(c.action.kind, c.action.token) for c in claimed]
 
 
 @dataclass(frozen=True)
@@ -363,7 +369,7 @@ class Claimer:
         """Pushes the claimed actions (after the claim committed), up to ``actions_per_message``
         a message; returns those whose push failed. Blocking: ``run_once`` runs it off the event
         loop (``push``)."""
-        items = [(c.action.kind, c.action.token) for c in claimed]
+        items = pushed_items(claimed)
         try:
             self.dispatch.push_many(items)
             return []
@@ -375,7 +381,7 @@ class Claimer:
         """After a pipelined push failed, some may have gone: pushed again one message at a time
         (a twin delivery of an epoch is dropped by the worker's take); the first failure ends
         it, as the broker is evidently not answering, and the rest is returned. Blocking."""
-        items = [(c.action.kind, c.action.token) for c in claimed]
+        items = pushed_items(claimed)
         by_token = {c.action.token: c for c in claimed}
         messages = batches(items, self.settings.actions_per_message)
         for index, (kind, tokens) in enumerate(messages):
@@ -418,7 +424,7 @@ class Claimer:
     ) -> list[ClaimedAction]:
         """``pusher.push_many`` under ``push_timeout`` (``PushTimeout`` past it); after any
         other failure, one message at a time from a thread, as ``push_or_unpushed``."""
-        items = [(c.action.kind, c.action.token) for c in claimed]
+        items = pushed_items(claimed)
         timeout = self.settings.push_timeout.total_seconds()
         try:
             await asyncio.wait_for(pusher.push_many(items), timeout)
