@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from benchmarks import pgbench
+from benchmarks import pgbench, server_time
 from benchmarks.common import (
     DATABASE_URL,
     NOOP,
@@ -59,11 +60,12 @@ CONCURRENCY = 5
 
 
 async def run_all(
-    outbox: Outbox, n: int
+    outbox: Outbox, n: int, session: dict[str, Any] | None = None
 ) -> tuple[float, int, list[float], dict[str, float | None]]:
     """Seconds to run every due action, the rounds it took, each round's duration, and the
     attempts a statement of each group-committed sort carried on average, with the CPU ms an
-    action of this process and of PostgreSQL (read while the pool's backends are alive)."""
+    action of this process and of PostgreSQL (read while the pool's backends are alive).
+    ``session``: connection arguments of the pool's sessions (``server_time.session_options``)."""
     rounds: list[float] = []
     # Every connection of the pool open before the clock starts, as the peer's consumers connect
     # before its clock: a pool that grows while rounds wait for connections times its growth.
@@ -71,7 +73,7 @@ async def run_all(
         outbox.settings.require_database_url(),
         min_size=outbox.settings.pool_size,
         max_size=outbox.settings.pool_size,
-        kwargs={"autocommit": True, **CONNECTION_OPTIONS},
+        kwargs={"autocommit": True, **CONNECTION_OPTIONS, **(session or {})},
         open=False,
     )
     await pool.open(wait=True)
@@ -120,9 +122,14 @@ def run(scale: Scale) -> list[Result]:
         bulk_enqueue(schema, n)
         with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
             conn.execute(f'VACUUM ANALYZE "{schema}".agent_action')
+        # Where the server's time goes (the lane bookkeeping's triggers and fold, the guard),
+        # counted in the pool's sessions only: the enqueue above is not part of the drain.
+        tracked = server_time.tracking(schema)
         seconds, rounds, round_s, per_statement = event_loop.run(
-            run_all(outbox, n), outbox.settings.event_loop
+            run_all(outbox, n, server_time.session_options(schema, tracked)),
+            outbox.settings.event_loop,
         )
+        functions = server_time.per_action(schema, n, tracked)
         ceiling = pgbench.measure(
             schema, outbox.settings.pool_size, scale.seconds(quick=5, full=15)
         )
@@ -146,6 +153,7 @@ def run(scale: Scale) -> list[Result]:
                 "fence_p50_ms": ms(percentile(adapter.seconds, 50)),
                 "fence_p99_ms": ms(percentile(adapter.seconds, 99)),
                 **per_statement,
+                "server_functions": functions,
             },
         )
     ]
