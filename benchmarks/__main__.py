@@ -50,6 +50,9 @@ SCENARIOS: dict[str, str] = {
 }
 #: The scenarios of other job queues: not in the default run.
 PEERS = frozenset(peers.PACKAGES)
+#: A scenario that runs in turns with its peer when a run has both, and the runner of the pairs
+#: (which reports both rows and their comparison).
+PAIRED = {"inprocess": ("pgqueuer-inprocess", "benchmarks.peers.paired")}
 
 
 def runner(name: str) -> Callable[[Scale], list[Result]]:
@@ -58,6 +61,20 @@ def runner(name: str) -> Callable[[Scale], list[Result]]:
     module = __import__(path, fromlist=[function or "run"])
     run: Callable[[Scale], list[Result]] = getattr(module, function or "run")
     return run
+
+
+def planned(names: list[str]) -> list[tuple[str, Callable[[Scale], list[Result]]]]:
+    """Each scenario of ``names`` with its runner, in order; a scenario whose peer is in
+    ``names`` too runs in turns with it (``PAIRED``), in the scenario's place."""
+    plan = []
+    for name in names:
+        paired = PAIRED.get(name)
+        if paired and paired[0] in names:
+            module = __import__(paired[1], fromlist=["run"])
+            plan.append((f"{name} and {paired[0]} in turns", module.run))
+        elif not any(name == peer and ours in names for ours, (peer, _) in PAIRED.items()):
+            plan.append((name, runner(name)))
+    return plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     compared: set[str] = set()
     started = time.monotonic()
-    for name in names:
+    for name, run in planned(names):
         scenario_started = time.monotonic()
         print(f"running {name} ...", file=sys.stderr, flush=True)
-        for result in runner(name)(scale):
+        for result in run(scale):
             result.extra.setdefault("took_s", round(time.monotonic() - scenario_started, 1))
             print(json.dumps(result.as_json()), flush=True)
             results.append(result)

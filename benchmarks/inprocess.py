@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -113,8 +114,9 @@ async def run_all(
         return took, len(rounds), rounds, {**per_statement, **cpu.per_action_ms(n)}
 
 
-def run(scale: Scale) -> list[Result]:
-    n = scale.n(5_000, 50_000, floor=50)
+def drain(n: int) -> Result:
+    """One drain of ``n`` actions in a schema of its own: the ``inprocess`` row without its
+    ceiling (``with_ceiling`` adds it)."""
     with bench_schema("inprocess") as schema:
         adapter = NoopAdapter()
         outbox = migrated_outbox(schema)
@@ -130,30 +132,49 @@ def run(scale: Scale) -> list[Result]:
             outbox.settings.event_loop,
         )
         functions = server_time.per_action(schema, n, tracked)
-        ceiling = pgbench.measure(
-            schema, outbox.settings.pool_size, scale.seconds(quick=5, full=15)
-        )
-    rate = n / seconds
-    return [
-        Result(
-            scenario="inprocess",
-            n=n,
-            actions_per_s=round(rate, 1),
-            p50_ms=ms(percentile(round_s, 50)),
-            p99_ms=ms(percentile(round_s, 99)),
-            ratio=round(rate / ceiling.tps, 3),
-            ratio_to=ceiling.name,
-            extra={
-                "ceiling_per_s": round(ceiling.tps, 1),
-                "batch_size": outbox.settings.batch_size,
-                "pool_size": outbox.settings.pool_size,
-                "rounds": rounds,
-                "concurrency": CONCURRENCY,
-                "latency_is": "one claim_and_run round (claim, fences, finishes)",
-                "fence_p50_ms": ms(percentile(adapter.seconds, 50)),
-                "fence_p99_ms": ms(percentile(adapter.seconds, 99)),
-                **per_statement,
-                "server_functions": functions,
-            },
-        )
-    ]
+    return Result(
+        scenario="inprocess",
+        n=n,
+        actions_per_s=round(n / seconds, 1),
+        p50_ms=ms(percentile(round_s, 50)),
+        p99_ms=ms(percentile(round_s, 99)),
+        extra={
+            "batch_size": outbox.settings.batch_size,
+            "pool_size": outbox.settings.pool_size,
+            "rounds": rounds,
+            "concurrency": CONCURRENCY,
+            "latency_is": "one claim_and_run round (claim, fences, finishes)",
+            "fence_p50_ms": ms(percentile(adapter.seconds, 50)),
+            "fence_p99_ms": ms(percentile(adapter.seconds, 99)),
+            **per_statement,
+            "server_functions": functions,
+        },
+    )
+
+
+def ceiling(scale: Scale, row: Result) -> pgbench.Ceiling:
+    """pgbench's INSERT-and-UPDATE transactions a second with as many clients as ``row``'s
+    drain had connections in its pool, in a schema of its own."""
+    with bench_schema("inprocess_ceiling") as schema:
+        return pgbench.measure(schema, row.extra["pool_size"], scale.seconds(quick=5, full=15))
+
+
+def with_ceiling(row: Result, measured: pgbench.Ceiling) -> Result:
+    """``row`` with its ratio to the ceiling measured in the same run."""
+    rate = row.actions_per_s or 0.0
+    return replace(
+        row,
+        ratio=round(rate / measured.tps, 3),
+        ratio_to=measured.name,
+        extra={"ceiling_per_s": round(measured.tps, 1), **row.extra},
+    )
+
+
+def n_actions(scale: Scale) -> int:
+    """The N of a drain (its peer's, ``pgqueuer-inprocess``, too)."""
+    return scale.n(5_000, 50_000, floor=50)
+
+
+def run(scale: Scale) -> list[Result]:
+    row = drain(n_actions(scale))
+    return [with_ceiling(row, ceiling(scale, row))]

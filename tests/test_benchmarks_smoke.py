@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import uuid
@@ -24,6 +25,7 @@ import redis
 
 from benchmarks import latency, peers, server_time
 from benchmarks.__main__ import SCENARIOS
+from benchmarks.peers import paired
 from tests.services import missing_service
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,6 +114,38 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(name, database_url
             assert functions["agent_action_lanes_moved"]["calls"] > 0, functions
             assert "agent_action_inserted" not in functions, functions
         assert row["scenario"] in table
+    assert_nothing_left(run_id, database_url, redis_url)
+
+
+@pytest.mark.slow
+def test_inprocess_and_its_peer_drain_in_turns_and_compare_by_the_median_pair(
+    database_url, redis_url
+):
+    if why := peers.missing("pgqueuer-inprocess"):
+        missing_service(why)
+    run_id = f"smoke_{uuid.uuid4().hex[:8]}"
+    rows, table = run_benchmarks(
+        run_id, database_url, redis_url, "--only", "inprocess", "pgqueuer-inprocess"
+    )
+    by_name = {row["scenario"]: row for row in rows}
+    assert list(by_name) == ["inprocess", "pgqueuer-inprocess", "inprocess-vs-pgqueuer"], table
+    ours, peer, compared = by_name.values()
+    pairs = paired.ROUNDS[0]  # a quick run
+    assert len(ours["rounds_per_s"]) == len(peer["rounds_per_s"]) == pairs
+    ratios = [o / p for o, p in zip(ours["rounds_per_s"], peer["rounds_per_s"], strict=True)]
+    assert compared["round_ratios"] == [round(r, 3) for r in ratios]
+    assert compared["ratio"] == round(statistics.median(ratios), 3)
+    # The rows are the median pair's, and ours still has its ceiling.
+    median_pair = sorted(range(pairs), key=ratios.__getitem__)[pairs // 2]
+    assert ours["actions_per_s"] == ours["rounds_per_s"][median_pair]
+    assert peer["actions_per_s"] == peer["rounds_per_s"][median_pair]
+    assert compared["peer_per_s"] == peer["actions_per_s"]
+    assert ours["ratio_to"].startswith("pgbench") and ours["ceiling_per_s"] > 0
+    assert_nothing_left(run_id, database_url, redis_url)
+
+
+def assert_nothing_left(run_id: str, database_url: str, redis_url: str) -> None:
+    """No schema and no Redis key of the run is left behind."""
     with psycopg.connect(database_url) as conn:
         left = conn.execute(
             "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (f"bench%{run_id}",)

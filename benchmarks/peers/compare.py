@@ -46,7 +46,8 @@ def _cpu_ratios(ours: Result, peer: Result) -> dict[str, float | None]:
     return row
 
 
-def _row(comparison: Comparison, ours: Result, peer: Result) -> Result:
+def comparison_row(comparison: Comparison, ours: Result, peer: Result) -> Result:
+    """The ``<ours>-vs-<peer>`` row of two rows of the same run."""
     if comparison.measure == "throughput":
         mine, theirs = ours.actions_per_s, peer.actions_per_s
         extra = {"peer_per_s": theirs, **_cpu_ratios(ours, peer)}
@@ -71,13 +72,14 @@ def _row(comparison: Comparison, ours: Result, peer: Result) -> Result:
 
 
 def new_rows(results: list[Result], emitted: set[str]) -> list[Result]:
-    """The comparisons both of whose rows are in ``results`` and not yet in ``emitted`` (which
-    this adds them to)."""
+    """The comparisons both of whose rows are in ``results`` and neither in ``emitted`` (which
+    this adds them to) nor in ``results`` already (a scenario that ran in turns with its peer
+    made its own, ``benchmarks.peers.paired``)."""
     by_name = {r.scenario: r for r in results}
     rows = []
     for comparison in COMPARISONS:
         ours, peer = by_name.get(comparison.ours), by_name.get(comparison.peer)
-        if ours and peer and comparison.name not in emitted:
+        if ours and peer and comparison.name not in emitted and comparison.name not in by_name:
             emitted.add(comparison.name)
-            rows.append(_row(comparison, ours, peer))
+            rows.append(comparison_row(comparison, ours, peer))
     return rows

@@ -23,7 +23,7 @@ import uvloop
 from pgqueuer.models import Job
 from pgqueuer.types import QueueExecutionMode
 
-from benchmarks import dramatiq_raw
+from benchmarks import dramatiq_raw, inprocess
 from benchmarks.common import REDIS_URL, Result, Scale, bench_schema, ms, percentile
 from benchmarks.cpu import CpuMeter
 from benchmarks.peers import pgqueuer_app
@@ -82,31 +82,33 @@ async def _drain(schema: str, n: int) -> tuple[float, int, dict[str, float | Non
     return last_end - first_start, ran, cpu.per_action_ms(n)
 
 
-def run_inprocess(scale: Scale) -> list[Result]:
-    n = scale.n(5_000, 50_000, floor=50)  # as ``inprocess``
+def drain(n: int) -> Result:
+    """One drain of ``n`` jobs in a schema of its own: the ``pgqueuer-inprocess`` row."""
     with bench_schema("pgqueuer_inprocess") as schema:
         seconds, ran, cpu = uvloop.run(_drain(schema, n))
     if ran != n:
         raise AssertionError(f"pgqueuer-inprocess: {ran} of {n} jobs ran")
-    return [
-        Result(
-            scenario="pgqueuer-inprocess",
-            n=n,
-            actions_per_s=round(n / seconds, 1),
-            p50_ms=None,
-            p99_ms=None,
-            ratio=1.0,
-            ratio_to="pgqueuer-inprocess",
-            extra={
-                "driver": "psycopg",
-                "consumers": CONSUMERS,
-                "batch_size": BATCH_SIZE,
-                "strategy": "drain (pgqueuer's benchmark tool)",
-                "clock": "first job start -> last job end",
-                **cpu,
-            },
-        )
-    ]
+    return Result(
+        scenario="pgqueuer-inprocess",
+        n=n,
+        actions_per_s=round(n / seconds, 1),
+        p50_ms=None,
+        p99_ms=None,
+        ratio=1.0,
+        ratio_to="pgqueuer-inprocess",
+        extra={
+            "driver": "psycopg",
+            "consumers": CONSUMERS,
+            "batch_size": BATCH_SIZE,
+            "strategy": "drain (pgqueuer's benchmark tool)",
+            "clock": "first job start -> last job end",
+            **cpu,
+        },
+    )
+
+
+def run_inprocess(scale: Scale) -> list[Result]:
+    return [drain(inprocess.n_actions(scale))]
 
 
 async def _enqueue_paced(schema: str, n: int) -> dict[int, float]:
