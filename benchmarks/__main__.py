@@ -66,13 +66,15 @@ def runner(name: str) -> Callable[[Scale], list[Result]]:
 def planned(names: list[str]) -> list[tuple[str, Callable[[Scale], list[Result]]]]:
     """Each scenario of ``names`` with its runner, in order; a scenario whose peer is in
     ``names`` too runs in turns with it (``PAIRED``), in the scenario's place."""
+    pairs = {ours: PAIRED[ours] for ours in names if ours in PAIRED and PAIRED[ours][0] in names}
+    taken = {peer for peer, _ in pairs.values()}
     plan = []
     for name in names:
-        paired = PAIRED.get(name)
-        if paired and paired[0] in names:
-            module = __import__(paired[1], fromlist=["run"])
-            plan.append((f"{name} and {paired[0]} in turns", module.run))
-        elif not any(name == peer and ours in names for ours, (peer, _) in PAIRED.items()):
+        if name in pairs:
+            peer, path = pairs[name]
+            module = __import__(path, fromlist=["run"])
+            plan.append((f"{name} and {peer} in turns", module.run))
+        elif name not in taken:
             plan.append((name, runner(name)))
     return plan
 
