@@ -38,8 +38,8 @@ def run(scale: Scale) -> list[Result]:
             peer = pgqueuer_runs.drain(n)
             ours = inprocess.drain(n)
         pairs.append((ours, peer))
-    ratios = [_ratio(ours, peer) for ours, peer in pairs]
-    ours, peer = sorted(pairs, key=lambda pair: _ratio(*pair))[len(pairs) // 2]
+    ratios = [(o.actions_per_s or 0.0) / (p.actions_per_s or 1.0) for o, p in pairs]
+    ours, peer = pairs[sorted(range(len(pairs)), key=ratios.__getitem__)[len(pairs) // 2]]
     ours = inprocess.with_ceiling(ours, inprocess.ceiling(scale, ours))
     ours = _with_rounds(ours, [o.actions_per_s for o, _ in pairs])
     peer = _with_rounds(peer, [p.actions_per_s for _, p in pairs])
@@ -50,10 +50,6 @@ def run(scale: Scale) -> list[Result]:
         extra={**compared.extra, "round_ratios": [round(r, 3) for r in ratios]},
     )
     return [ours, peer, compared]
-
-
-def _ratio(ours: Result, peer: Result) -> float:
-    return (ours.actions_per_s or 0.0) / (peer.actions_per_s or 1.0)
 
 
 def _with_rounds(row: Result, rates: list[float | None]) -> Result:
