@@ -39,8 +39,6 @@ class Fence:
         )
         if ok:
             attempt.fence_passed = True
-            if attempt.on_fence_passed is not None:
-                attempt.on_fence_passed()
             if attempt.before_write is not None:
                 # A rate-limited attempt: the provider call starts at its slot, not before.
                 await attempt.before_write()
@@ -68,8 +66,6 @@ class ActionAttempt:
         #: time.monotonic() at which this attempt's lease ends (measured conservatively).
         self.deadline = deadline
         self.fence_passed = False
-        #: Called once the fence passed (the executor moves its timeout to the lease's end).
-        self.on_fence_passed: Callable[[], None] | None = None
         #: Awaited once the fence passed, before it returns: a rate-limited attempt waits for
         #: its slot there (``ActionExecutor``), so the provider call starts on time.
         self.before_write: Callable[[], Awaitable[None]] | None = None

@@ -22,6 +22,7 @@ from outbox.attempt import ActionAttempt
 from outbox.config import Settings
 from outbox.errors import TransactionOpenError
 from outbox.fence_token import FenceToken
+from outbox.lease_timer import LeaseTimer
 from outbox.limits import RATE_HORIZON, KindLimits
 from outbox.observers import ExecutorObserver, Observers
 from outbox.rate_limiter import MAX_SLOT_WAIT, SLOT_LEAD, RateLimiter, Slot
@@ -187,29 +188,27 @@ class ActionExecutor:
                 f"refusing to run the {attempt.kind} adapter while holding a database connection"
             )
         margin = self.settings.write_margin.total_seconds()
-        # The adapter runs in this task under a timeout, not in a task and a wait of its own (a
+        # The adapter runs in this task under a timer, not in a task and a wait of its own (a
         # few futures and callbacks an attempt on the worker's loop). Until the fence passes,
-        # the attempt is useful only while the fence could pass; passing it moves the timeout
-        # to the lease's end.
+        # the attempt is useful only while the fence could pass; once it passed, the timer runs
+        # to the lease's end (``LeaseTimer``).
         to_loop = asyncio.get_running_loop().time() - time.monotonic()
-        scope = asyncio.timeout_at(attempt.deadline - margin + to_loop)
-
-        def fence_passed() -> None:
-            if not scope.expired():
-                scope.reschedule(attempt.deadline + to_loop)
-
-        attempt.on_fence_passed = fence_passed
+        timer = LeaseTimer(
+            attempt.deadline - margin + to_loop,
+            attempt.deadline + to_loop,
+            lambda: attempt.fence_passed,
+        )
         try:
-            async with scope:
+            with timer:
                 result = await adapter.execute(attempt)
         except TimeoutError as error:
-            if not scope.expired():  # the adapter's own, not the lease's
+            if not timer.expired:  # the adapter's own, not the lease's
                 return self._error_result(attempt, error)
         except asyncio.CancelledError:
             raise
         except Exception as error:
             return self._error_result(attempt, error)
-        if scope.expired():
+        if timer.expired:
             # Also when the adapter swallowed the cancellation and returned: it ran out of time.
             if attempt.fence_passed:
                 return self._after_write(attempt, StopReason.LEASE_EXPIRED_DURING_WRITE)

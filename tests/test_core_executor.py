@@ -509,3 +509,46 @@ def test_a_retry_after_a_write_keeps_its_evidence_for_every_later_attempt(
     with psycopg.connect(database_url) as conn:
         [row] = rows(conn, schema, f"id = {action.id}")
     assert (row["state"], row["attempt"]) == ("DONE", 3)
+
+
+class WriterIntoTheMargin:
+    """Passes its fence, then takes most of the write margin: the provider's time."""
+
+    async def execute(self, attempt):
+        assert await attempt.fence().begin_write()
+        await asyncio.sleep(1.2)
+        return Done("late-but-in-time")
+
+
+async def test_an_adapter_past_its_fence_may_use_the_margin_and_still_finish(
+    make_outbox, database_url, schema
+):
+    ob = build(
+        make_outbox,
+        WriterIntoTheMargin(),
+        kind=ONCE,
+        lease=timedelta(seconds=3),
+        write_margin=timedelta(seconds=2),
+    )
+    put(ob, database_url, kind=ONCE)
+    async with ob.store() as store:
+        claimed, at = await claim_one(ob, store)
+        outcome = await ob.executor(store).run(claimed, at)
+    assert outcome.result == Done("late-but-in-time")
+    assert one_row(database_url, schema)["state"] == "DONE"
+
+
+async def test_an_adapters_own_timeout_before_the_fence_is_its_error_not_the_lease(
+    make_outbox, database_url, schema
+):
+    class OwnTimeout:
+        async def execute(self, attempt):
+            async with asyncio.timeout(0.01):
+                await asyncio.sleep(1)
+
+    ob = build(make_outbox, OwnTimeout())
+    put(ob, database_url)
+    async with ob.store() as store:
+        claimed, at = await claim_one(ob, store)
+        outcome = await ob.executor(store).run(claimed, at)
+    assert outcome.result == Retry(reason="ERROR:TimeoutError")
