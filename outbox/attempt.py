@@ -35,7 +35,7 @@ class Fence:
         if attempt.fence_passed:
             return True
         ok = await attempt._store.begin_write(
-            attempt.action.token, attempt._margin, provider_ref, attempt.claimed_at
+            attempt.token, attempt._margin, provider_ref, attempt.claimed_at
         )
         if ok:
             attempt.fence_passed = True
@@ -57,6 +57,8 @@ class ActionAttempt:
         claimed_at: datetime | None = None,
     ) -> None:
         self.action = action
+        #: This claim of the action (made once: the fence and the finish both write under it).
+        self.token = action.token
         #: When the claim started (its history row's claimed_at, for an in-process attempt).
         self.claimed_at = claimed_at
         #: The class name of the exception the adapter raised, if any (for the history).

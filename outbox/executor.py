@@ -110,6 +110,9 @@ class ActionExecutor:
         next action when it may (``Store.finish_and_hand_off``): ``Outcome.next``."""
         action = claimed.action
         deadline = claimed_at + claimed.lease_left.total_seconds()
+        attempt = ActionAttempt(
+            action, self.store, self.settings.write_margin, deadline, self._claimed_at(action)
+        )
         adapter = self.adapters.get(action.kind)
         if adapter is None:
             log.error(
@@ -118,22 +121,17 @@ class ActionExecutor:
                 action.id,
                 extra={"event": "no_adapter", "action_id": action.id, "kind": action.kind},
             )
-            return await self._finish(action, Defer(NO_ADAPTER_DEFER, "NO_ADAPTER"), hand_off)
-        attempt = ActionAttempt(
-            action, self.store, self.settings.write_margin, deadline, self._claimed_at(action)
-        )
+            return await self._finish(attempt, Defer(NO_ADAPTER_DEFER, "NO_ADAPTER"), hand_off)
         if self.limiter.rated(action.kind):
             waited = await self._wait_for_slot(attempt)
             if waited is not None:
-                return await self._finish(action, waited, hand_off)
+                return await self._finish(attempt, waited, hand_off)
         result = await self._execute(adapter, attempt)
         if isinstance(result, Defer):
             # A provider's pause (429, Retry-After) holds the kind's (and key's) slots for every
             # worker, not only this action.
             await self.limiter.hold(action, result.after)
-        return await self._finish(
-            action, result, hand_off, attempt.error_class, attempt.fence_passed
-        )
+        return await self._finish(attempt, result, hand_off)
 
     async def _wait_for_slot(self, attempt: ActionAttempt) -> Defer | None:
         """An attempt of a rate-limited kind: reserves the action's slot and sleeps until just
@@ -243,29 +241,26 @@ class ActionExecutor:
         return action.lease_until - self.store.lease if action.lease_until else None
 
     async def _finish(
-        self,
-        action: Action,
-        result: Result,
-        hand_off: timedelta | None,
-        error_class: str | None = None,
-        fenced: bool = False,
+        self, attempt: ActionAttempt, result: Result, hand_off: timedelta | None
     ) -> Outcome:
-        """Writes the result's one finish under the action's token (handing the lane on when
+        """Writes the result's one finish under the attempt's token (handing the lane on when
         ``hand_off`` says so) and reports it."""
+        action = attempt.action
         finish = finish_for(result, action, self.settings)
-        if finish is not None and error_class is not None:
-            finish = replace(finish, error_class=error_class)
+        if finish is not None and attempt.error_class is not None:
+            finish = replace(finish, error_class=attempt.error_class)
         successor: ClaimedAction | None = None
         finishing_at = time.monotonic()
+        fenced = attempt.fence_passed
         if finish is None:
             recorded = False
         elif hand_off is None:
             recorded = await self.store.finish(
-                action.token, finish, self._claimed_at(action), fenced=fenced
+                attempt.token, finish, attempt.claimed_at, fenced=fenced
             )
         else:
             finished = await self.store.finish_and_hand_off(
-                action.token, finish, self._claimed_at(action), fenced=fenced, lease=hand_off
+                attempt.token, finish, attempt.claimed_at, fenced=fenced, lease=hand_off
             )
             recorded = finished is not None
             successor = finished.next if finished is not None else None

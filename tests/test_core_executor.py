@@ -26,6 +26,7 @@ from outbox import (
     Uncertain,
     enqueue,
 )
+from outbox.attempt import ActionAttempt
 from outbox.results import finish_for
 from outbox.store import held_connections
 from outbox.testing import drain, drain_async
@@ -272,7 +273,8 @@ async def test_a_stale_finish_changes_nothing(make_outbox, database_url, schema)
         await claim_one(ob, store)
         before = one_row(database_url, schema)
         a = first.action
-        outcome = await ob.executor(store)._finish(a, Done("late"), None)
+        stale = ActionAttempt(a, store, ob.settings.write_margin, time.monotonic() + 60)
+        outcome = await ob.executor(store)._finish(stale, Done("late"), None)
         assert outcome.recorded is False and outcome.state is None
         retry = finish_for(Retry(after=timedelta(0)), a, ob.settings)
         defer = finish_for(Defer(timedelta(0)), a, ob.settings)
