@@ -22,7 +22,7 @@ from outbox.attempt import ActionAttempt
 from outbox.config import Settings
 from outbox.errors import TransactionOpenError
 from outbox.fence_token import FenceToken
-from outbox.lease_timer import LeaseTimer
+from outbox.lease_timer import LeaseClock, LeaseTimer
 from outbox.limits import RATE_HORIZON, KindLimits
 from outbox.observers import ExecutorObserver, Observers
 from outbox.rate_limiter import MAX_SLOT_WAIT, SLOT_LEAD, RateLimiter, Slot
@@ -100,6 +100,7 @@ class ActionExecutor:
         self.observers = Observers(_default_observers() if observers is None else observers)
         #: The shared slots of the rate-limited kinds (``outbox.rate_limiter``).
         self.limiter = RateLimiter(store, kind_limits or {})
+        self._clock: LeaseClock | None = None
 
     async def run(
         self, claimed: ClaimedAction, claimed_at: float, *, hand_off: timedelta | None = None
@@ -190,8 +191,10 @@ class ActionExecutor:
         # few futures and callbacks an attempt on the worker's loop). Until the fence passes,
         # the attempt is useful only while the fence could pass; once it passed, the timer runs
         # to the lease's end (``LeaseTimer``).
-        to_loop = asyncio.get_running_loop().time() - time.monotonic()
+        clock = self._lease_clock()
+        to_loop = clock.loop.time() - time.monotonic()
         timer = LeaseTimer(
+            clock,
             attempt.deadline - margin + to_loop,
             attempt.deadline + to_loop,
             lambda: attempt.fence_passed,
@@ -216,6 +219,14 @@ class ActionExecutor:
                 attempt, TypeError(f"adapter returned {result!r}, not an outbox result")
             )
         return result
+
+    def _lease_clock(self) -> LeaseClock:
+        """The running loop's ticks (an executor may serve one loop, then another)."""
+        loop = asyncio.get_running_loop()
+        clock = self._clock
+        if clock is None or clock.loop is not loop:
+            clock = self._clock = LeaseClock(loop)
+        return clock
 
     def _error_result(self, attempt: ActionAttempt, error: Exception) -> Result:
         """An adapter's exception: Retry before its fence; after it, what ``_after_write``

@@ -1,55 +1,104 @@
-"""``LeaseTimer``: the one timer that cuts an attempt short when its lease runs out.
+"""``LeaseTimer``: what cuts an attempt short when its lease runs out; ``LeaseClock``: the few
+loop timers all of a process's attempts share.
 
 Until its fence passes, an attempt is useful only while the fence could still pass, so it is
 cut at the lease's end less the write margin; once the fence passed, the margin belongs to the
-provider call and it is cut at the lease's end. ``asyncio.timeout_at`` did this with a timer
-set on entry and set again when the fence passed (a cancel and a new timer): with thousands of
-attempts a second, those timers were a tenth of the executing process's CPU. This timer is set
-once, for the earlier moment; when it fires after the fence passed, it sets itself once more,
-for the rest. An attempt that ends in time (nearly all) costs one timer and its cancel.
+provider call and it is cut at the lease's end.
 
-It cancels the task it was entered in, as ``asyncio.Timeout`` does, and turns that cancellation
-into ``TimeoutError`` on exit; a cancellation from anyone else (a shutdown) stays one.
+``asyncio.timeout_at`` did this with a loop timer set on entry and set again when the fence
+passed: with thousands of attempts a second, making and cancelling those timers was a tenth of
+the executing process's CPU. Here an attempt joins the tick of its cut instead: the ticks are
+``TICK`` apart, and each has one loop timer, however many attempts it cuts (a claim round's
+attempts all share one). An attempt that ends in time (nearly all) leaves its tick's set and
+costs no timer of its own. An attempt is cut up to a tick early, never late. When its tick
+comes after its fence passed, it joins the tick of the lease's end.
+
+A cut cancels the task the timer was entered in, as ``asyncio.Timeout`` does, and that
+cancellation becomes ``TimeoutError`` on exit; a cancellation from anyone else (a shutdown)
+stays one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from types import TracebackType
 
+#: Seconds between ticks: how early an attempt may be cut. Small beside a write margin (a
+#: minute by default).
+TICK = 0.05
+
+
+class LeaseClock:
+    """The ticks of one event loop: ``{tick: timers it cuts}``, each tick with one loop timer."""
+
+    __slots__ = ("_loop", "_ticks")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._ticks: dict[int, set[LeaseTimer]] = {}
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def join(self, timer: LeaseTimer, at: float) -> int:
+        """Cuts ``timer`` at its tick at or before ``at`` (loop time); returns the tick."""
+        tick = math.floor(at / TICK)
+        timers = self._ticks.get(tick)
+        if timers is None:
+            timers = self._ticks[tick] = set()
+            self._loop.call_at(tick * TICK, self._on_tick, tick)
+        timers.add(timer)
+        return tick
+
+    def leave(self, timer: LeaseTimer, tick: int) -> None:
+        # The tick's loop timer stays: it fires once, finds fewer (or no) timers, and is gone.
+        timers = self._ticks.get(tick)
+        if timers is not None:
+            timers.discard(timer)
+
+    def _on_tick(self, tick: int) -> None:
+        for timer in self._ticks.pop(tick, ()):
+            timer._on_time()
+
 
 class LeaseTimer:
-    """``with LeaseTimer(cut_at, deadline, fence_passed):`` inside a task: cancels the task at
-    ``cut_at`` (loop time), or at ``deadline`` when ``fence_passed()`` says yes by ``cut_at``.
-    ``expired`` tells whether it cancelled the task."""
+    """``with LeaseTimer(clock, cut_at, deadline, fence_passed):`` inside a task: cancels the
+    task at ``cut_at`` (loop time), or at ``deadline`` when ``fence_passed()`` says yes by
+    then; each up to a ``TICK`` early. ``expired`` tells whether it cancelled the task."""
 
     __slots__ = (
         "_cancelling",
+        "_clock",
         "_cut_at",
         "_deadline",
         "_fence_passed",
-        "_handle",
         "_task",
+        "_tick",
         "expired",
     )
 
-    def __init__(self, cut_at: float, deadline: float, fence_passed: Callable[[], bool]) -> None:
+    def __init__(
+        self, clock: LeaseClock, cut_at: float, deadline: float, fence_passed: Callable[[], bool]
+    ) -> None:
+        self._clock = clock
         self._cut_at = cut_at
         self._deadline = deadline
         self._fence_passed = fence_passed
-        self._handle: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[object] | None = None
+        self._tick: int | None = None
         self._cancelling = 0
         self.expired = False
 
     def __enter__(self) -> LeaseTimer:
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._clock.loop)
         if task is None:
-            raise RuntimeError("LeaseTimer must be used inside a task")
+            raise RuntimeError("LeaseTimer must be used inside a task of its clock's loop")
         self._task = task
         self._cancelling = task.cancelling()
-        self._handle = task.get_loop().call_at(self._cut_at, self._on_time)
+        self._tick = self._clock.join(self, self._cut_at)
         return self
 
     def __exit__(
@@ -58,9 +107,9 @@ class LeaseTimer:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        if self._tick is not None:
+            self._clock.leave(self, self._tick)
+            self._tick = None
         if self.expired:
             assert self._task is not None
             # Only our own cancellation becomes a TimeoutError: one requested besides it (the
@@ -69,11 +118,12 @@ class LeaseTimer:
                 raise TimeoutError from exc
 
     def _on_time(self) -> None:
+        """Its tick came (it is no longer in the tick's set)."""
         assert self._task is not None
         if self._fence_passed() and self._cut_at < self._deadline:
             self._cut_at = self._deadline
-            self._handle = self._task.get_loop().call_at(self._deadline, self._on_time)
+            self._tick = self._clock.join(self, self._deadline)
             return
-        self._handle = None
+        self._tick = None
         self.expired = True
         self._task.cancel()

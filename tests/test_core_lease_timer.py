@@ -8,12 +8,15 @@ import contextlib
 
 import pytest
 
-from outbox.lease_timer import LeaseTimer
+from outbox.lease_timer import TICK, LeaseClock, LeaseTimer
 
 
-def timer(cut_in: float, deadline_in: float, passed: list[bool]) -> LeaseTimer:
-    now = asyncio.get_running_loop().time()
-    return LeaseTimer(now + cut_in, now + deadline_in, lambda: passed[0])
+def timer(
+    cut_in: float, deadline_in: float, passed: list[bool], clock: LeaseClock | None = None
+) -> LeaseTimer:
+    loop = asyncio.get_running_loop()
+    now = loop.time()
+    return LeaseTimer(clock or LeaseClock(loop), now + cut_in, now + deadline_in, lambda: passed[0])
 
 
 async def test_an_attempt_short_of_its_fence_is_cut_at_the_margin():
@@ -37,13 +40,13 @@ async def test_an_attempt_past_its_fence_runs_into_the_margin_and_ends_in_time()
 
 async def test_an_attempt_past_its_fence_is_cut_at_the_lease_end():
     passed = [True]
-    cut = timer(0.05, 0.3, passed)
+    cut = timer(0.05, 0.4, passed)
     started = asyncio.get_running_loop().time()
     with pytest.raises(TimeoutError), cut:
         await asyncio.sleep(5)
     took = asyncio.get_running_loop().time() - started
     assert cut.expired
-    assert 0.25 < took < 1
+    assert 0.4 - TICK <= took < 1
 
 
 async def test_the_fence_passing_after_the_cut_does_not_save_the_attempt():
@@ -113,3 +116,34 @@ async def test_an_attempt_that_ends_in_time_leaves_no_timer_behind():
         await asyncio.sleep(0)
     await asyncio.sleep(0.1)  # past both moments: nothing cancels this task
     assert not cut.expired
+
+
+async def test_a_cut_comes_at_most_a_tick_early_and_never_late():
+    loop = asyncio.get_running_loop()
+    clock = LeaseClock(loop)
+    for offset in (0.0, 0.013, 0.029, 0.047):
+        cut_at = loop.time() + 0.2 + offset
+        cut = LeaseTimer(clock, cut_at, cut_at + 10, lambda: False)
+        with pytest.raises(TimeoutError), cut:
+            await asyncio.sleep(5)
+        cut_came = loop.time()
+        assert cut_at - TICK <= cut_came < cut_at + 0.1  # the loop's own lateness at most
+
+
+async def test_attempts_cut_in_the_same_tick_share_one_loop_timer():
+    loop = asyncio.get_running_loop()
+    clock = LeaseClock(loop)
+    scheduled = len(loop._scheduled)  # asyncio's own loop: its pending timers
+    cut_at = (int(loop.time() / TICK) + 20) * TICK + TICK / 2
+    cuts = [LeaseTimer(clock, cut_at, cut_at + 10, lambda: False) for _ in range(100)]
+
+    async def attempt(cut: LeaseTimer) -> None:
+        with cut:
+            await asyncio.sleep(5)
+
+    tasks = [asyncio.create_task(attempt(cut)) for cut in cuts]
+    await asyncio.sleep(0)
+    assert len(loop._scheduled) - scheduled <= 1 + len(tasks)  # the tick, and each sleep's
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(result, TimeoutError) for result in results)
+    assert all(cut.expired for cut in cuts)
