@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Hashable, MutableMapping, Sequence
 from typing import Generic, TypeVar
 
 import psycopg
@@ -47,26 +46,29 @@ K = TypeVar("K", bound=Hashable)
 R = TypeVar("R")
 
 
-@dataclass
 class _Waiting(Generic[P, R]):
-    params: P
-    future: asyncio.Future[R | None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    """One caller: its parameters, and the future its result comes in."""
+
+    __slots__ = ("future", "params")
+
+    def __init__(self, params: P, future: asyncio.Future[R | None]) -> None:
+        self.params = params
+        self.future = future
 
 
 class GroupWriter(Generic[P, K, R]):
     """Coalesces concurrent calls on one event loop.
 
     ``many(params_list)`` runs one statement for all and returns ``{key: result}`` for the
-    rows it changed; ``one(params)`` is the single-row fallback; ``key(params)`` names the row
-    (the outbox's writers key by ``FenceToken``).
+    rows it changed (a mapping of its own: the callers take their rows out of it);
+    ``one(params)`` is the single-row fallback; ``key(params)`` names the row (the outbox's
+    writers key by ``FenceToken``).
     """
 
     def __init__(
         self,
         name: str,
-        many: Callable[[Sequence[P]], Awaitable[Mapping[K, R]]],
+        many: Callable[[Sequence[P]], Awaitable[MutableMapping[K, R]]],
         one: Callable[[P], Awaitable[R | None]],
         key: Callable[[P], K],
     ) -> None:
@@ -82,7 +84,7 @@ class GroupWriter(Generic[P, K, R]):
         self.calls = 0
 
     async def __call__(self, params: P) -> R | None:
-        waiting: _Waiting[P, R] = _Waiting(params)
+        waiting: _Waiting[P, R] = _Waiting(params, asyncio.get_running_loop().create_future())
         self._queue.append(waiting)
         self.calls += 1
         if self._in_flight < MAX_IN_FLIGHT:
@@ -129,12 +131,9 @@ class GroupWriter(Generic[P, K, R]):
                 if not waiting.future.done():
                     waiting.future.set_exception(error)
             raise
-        given: set[K] = set()
         for waiting in batch:
-            key = self._key(waiting.params)
-            # The first caller of a key gets its row; a twin finds it taken, as it would have.
-            result = found.get(key) if key not in given else None
-            given.add(key)
+            # The first caller of a key takes its row; a twin finds it taken, as it would have.
+            result = found.pop(self._key(waiting.params), None)
             if not waiting.future.done():
                 waiting.future.set_result(result)
 
