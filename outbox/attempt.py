@@ -41,7 +41,7 @@ class Fence:
             attempt.fence_passed = True
             if attempt.before_write is not None:
                 # A rate-limited attempt: the provider call starts at its slot, not before.
-                await attempt.before_write()
+                await attempt.before_write(attempt)
         return ok
 
 
@@ -68,10 +68,10 @@ class ActionAttempt:
         #: time.monotonic() at which this attempt's lease ends (measured conservatively).
         self.deadline = deadline
         self.fence_passed = False
-        #: Awaited once the fence passed, before it returns: a rate-limited attempt waits for
-        #: its slot there (``ActionExecutor``), so the provider call starts on time.
-        self.before_write: Callable[[], Awaitable[None]] | None = None
-        self._fence = Fence(self)
+        #: Awaited with the attempt once the fence passed, before it returns: a rate-limited
+        #: attempt waits for its slot there (``ActionExecutor``), so the provider call starts
+        #: on time.
+        self.before_write: Callable[[ActionAttempt], Awaitable[None]] | None = None
 
     @property
     def id(self) -> int:
@@ -132,4 +132,7 @@ class ActionAttempt:
         return self.deadline - time.monotonic()
 
     def fence(self) -> Fence:
-        return self._fence
+        # Made at each call, not kept: an attempt that held its fence, which holds the attempt,
+        # would be a reference cycle, which only the garbage collector frees (an attempt's
+        # objects then outlive it, and a busy process collects every few rounds).
+        return Fence(self)

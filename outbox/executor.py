@@ -149,7 +149,8 @@ class ActionExecutor:
         early = slot.at - SLOT_LEAD - time.monotonic()
         if early > 0:
             await asyncio.sleep(early)
-        attempt.before_write = functools.partial(self._on_time, attempt, slot)
+        # Given the attempt when called, not holding it: that would be a reference cycle.
+        attempt.before_write = functools.partial(self._on_time, slot=slot)
         return None
 
     async def _on_time(self, attempt: ActionAttempt, slot: Slot) -> None:

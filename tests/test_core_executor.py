@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from datetime import timedelta
 
@@ -554,3 +555,32 @@ async def test_an_adapters_own_timeout_before_the_fence_is_its_error_not_the_lea
         claimed, at = await claim_one(ob, store)
         outcome = await ob.executor(store).run(claimed, at)
     assert outcome.result == Retry(reason="ERROR:TimeoutError")
+
+
+async def test_finished_attempts_leave_no_reference_cycles(make_outbox, database_url, schema):
+    # An attempt's objects (its task, coroutine, action, payload and outcome) must be freed
+    # when it ends, not kept until the garbage collector finds a cycle through them: a busy
+    # process would collect every few rounds, and hold every payload until it does.
+    class Writer:  # keeps nothing of an attempt (ScriptedAdapter records them)
+        async def execute(self, attempt):
+            assert await attempt.fence().begin_write()
+            return Done()
+
+    n = 50
+    ob = build(make_outbox, Writer())
+    put(ob, database_url, n=n)
+    async with ob.store() as store:
+        executor = ob.executor(store)
+        claimed_at = time.monotonic()
+        claimed = await store.claim({"NOTE": n}, ob.settings.lease)
+        assert len(claimed) == n
+        gc.collect()
+        gc.disable()
+        try:
+            outcomes = await asyncio.gather(*(executor.run(c, claimed_at) for c in claimed))
+            assert all(outcome.recorded for outcome in outcomes)
+            del outcomes, claimed
+            unreachable = gc.collect()
+        finally:
+            gc.enable()
+    assert unreachable < n, f"{unreachable} objects of {n} attempts were only freed by the GC"
