@@ -22,6 +22,7 @@ SCENARIOS: dict[str, str] = {
     "claim-round": "benchmarks.claim_round",
     "enqueue": "benchmarks.enqueue",
     "inprocess": "benchmarks.inprocess",
+    "executor-cost": "benchmarks.executor_cost",
     "dramatiq-raw": "benchmarks.dramatiq_raw",
     "e2e": "benchmarks.e2e",
     "celery-raw": "benchmarks.celery_raw",
