@@ -10,8 +10,9 @@ passed: with thousands of attempts a second, making and cancelling those timers 
 the executing process's CPU. Here an attempt joins the tick of its cut instead: the ticks are
 ``TICK`` apart, and each has one loop timer, however many attempts it cuts (a claim round's
 attempts all share one). An attempt that ends in time (nearly all) leaves its tick's set and
-costs no timer of its own. An attempt is cut up to a tick early, never late. When its tick
-comes after its fence passed, it joins the tick of the lease's end.
+costs no timer of its own; the last to leave a tick cancels the tick's loop timer. An attempt
+is cut up to a tick early, never late. When its tick comes after its fence passed, it joins
+the tick of the lease's end.
 
 A cut cancels the task the timer was entered in, as ``asyncio.Timeout`` does, and that
 cancellation becomes ``TimeoutError`` on exit; a cancellation from anyone else (a shutdown)
@@ -31,37 +32,52 @@ TICK = 0.05
 
 
 class LeaseClock:
-    """The ticks of one event loop: ``{tick: timers it cuts}``, each tick with one loop timer."""
+    """The ticks of one event loop: ``{tick: (the timers it cuts, its loop timer)}``."""
 
     __slots__ = ("_loop", "_ticks")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._ticks: dict[int, set[LeaseTimer]] = {}
+        self._ticks: dict[int, tuple[set[LeaseTimer], asyncio.TimerHandle]] = {}
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
 
+    @property
+    def ticks(self) -> int:
+        """Ticks with a timer to cut (each holds one loop timer)."""
+        return len(self._ticks)
+
     def join(self, timer: LeaseTimer, at: float) -> int:
         """Cuts ``timer`` at its tick at or before ``at`` (loop time); returns the tick."""
         tick = math.floor(at / TICK)
-        timers = self._ticks.get(tick)
-        if timers is None:
-            timers = self._ticks[tick] = set()
-            self._loop.call_at(tick * TICK, self._on_tick, tick)
-        timers.add(timer)
+        entry = self._ticks.get(tick)
+        if entry is None:
+            entry = self._ticks[tick] = (
+                set(),
+                self._loop.call_at(tick * TICK, self._on_tick, tick),
+            )
+        entry[0].add(timer)
         return tick
 
     def leave(self, timer: LeaseTimer, tick: int) -> None:
-        # The tick's loop timer stays: it fires once, finds fewer (or no) timers, and is gone.
-        timers = self._ticks.get(tick)
-        if timers is not None:
-            timers.discard(timer)
+        entry = self._ticks.get(tick)
+        if entry is None:
+            return
+        timers, handle = entry
+        timers.discard(timer)
+        if not timers:
+            # The last of its timers left in time: the tick goes, and its loop timer (a lease is
+            # minutes long, and a busy process would keep one a tick until then).
+            handle.cancel()
+            del self._ticks[tick]
 
     def _on_tick(self, tick: int) -> None:
-        for timer in self._ticks.pop(tick, ()):
-            timer._on_time()
+        entry = self._ticks.pop(tick, None)
+        if entry is not None:
+            for timer in entry[0]:
+                timer._on_time()
 
 
 class LeaseTimer:

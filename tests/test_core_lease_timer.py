@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 
 import pytest
 
@@ -147,3 +148,27 @@ async def test_attempts_cut_in_the_same_tick_share_one_loop_timer():
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(result, TimeoutError) for result in results)
     assert all(cut.expired for cut in cuts)
+
+
+async def test_ticks_whose_attempts_all_ended_in_time_keep_no_loop_timer():
+    loop = asyncio.get_running_loop()
+    clock = LeaseClock(loop)
+
+    def live_loop_timers() -> int:  # asyncio's own loop: its pending, uncancelled timers
+        return sum(1 for handle in loop._scheduled if not handle.cancelled())
+
+    before = live_loop_timers()
+    now = loop.time()
+    # Rounds claimed over a second, each cut minutes later, as a lease's are.
+    cut_ats = [now + 240 + i * 0.01 for i in range(100)]
+    ticks = len({math.floor(at / TICK) for at in cut_ats})
+    assert ticks >= 20
+    cuts = [LeaseTimer(clock, at, now + 300, lambda: False) for at in cut_ats]
+    for cut in cuts:
+        cut.__enter__()
+    assert clock.ticks == ticks
+    assert live_loop_timers() == before + ticks
+    for cut in cuts:
+        cut.__exit__(None, None, None)
+    assert clock.ticks == 0
+    assert live_loop_timers() == before
