@@ -336,20 +336,26 @@ class SlowWriter:
         return Done()
 
 
+async def run_under_lease(make_outbox, database_url, adapter, kind, lease, margin):
+    """One attempt of a fresh action of ``kind`` by ``adapter``, under a lease of ``lease``
+    seconds with a write margin of ``margin``: its outcome."""
+    ob = build(
+        make_outbox,
+        adapter,
+        kind=kind,
+        lease=timedelta(seconds=lease),
+        write_margin=timedelta(seconds=margin),
+    )
+    put(ob, database_url, kind=kind)
+    async with ob.store() as store:
+        claimed, at = await claim_one(ob, store)
+        return await ob.executor(store).run(claimed, at)
+
+
 async def test_an_at_most_once_adapter_that_outlives_its_lease_after_the_fence_ends_uncertain(
     make_outbox, database_url, schema
 ):
-    ob = build(
-        make_outbox,
-        SlowWriter(),
-        kind=ONCE,
-        lease=timedelta(seconds=2),
-        write_margin=timedelta(seconds=1),
-    )
-    put(ob, database_url, kind=ONCE)
-    async with ob.store() as store:
-        claimed, at = await claim_one(ob, store)
-        outcome = await ob.executor(store).run(claimed, at)
+    outcome = await run_under_lease(make_outbox, database_url, SlowWriter(), ONCE, 2, 1)
     assert outcome.result == Uncertain(StopReason.LEASE_EXPIRED_DURING_WRITE)
     assert one_row(database_url, schema)["state"] == "UNCERTAIN"
 
@@ -357,13 +363,7 @@ async def test_an_at_most_once_adapter_that_outlives_its_lease_after_the_fence_e
 async def test_a_read_back_adapter_that_outlives_its_lease_after_the_fence_is_retried(
     make_outbox, database_url, schema
 ):
-    ob = build(
-        make_outbox, SlowWriter(), lease=timedelta(seconds=2), write_margin=timedelta(seconds=1)
-    )
-    put(ob, database_url)
-    async with ob.store() as store:
-        claimed, at = await claim_one(ob, store)
-        outcome = await ob.executor(store).run(claimed, at)
+    outcome = await run_under_lease(make_outbox, database_url, SlowWriter(), NOTE, 2, 1)
     assert outcome.result == Retry(reason=StopReason.LEASE_EXPIRED_DURING_WRITE)
     row = one_row(database_url, schema)
     # Waiting again, with the evidence its next attempt reads back for.
@@ -526,17 +526,7 @@ class WriterIntoTheMargin:
 async def test_an_adapter_past_its_fence_may_use_the_margin_and_still_finish(
     make_outbox, database_url, schema
 ):
-    ob = build(
-        make_outbox,
-        WriterIntoTheMargin(),
-        kind=ONCE,
-        lease=timedelta(seconds=3),
-        write_margin=timedelta(seconds=2),
-    )
-    put(ob, database_url, kind=ONCE)
-    async with ob.store() as store:
-        claimed, at = await claim_one(ob, store)
-        outcome = await ob.executor(store).run(claimed, at)
+    outcome = await run_under_lease(make_outbox, database_url, WriterIntoTheMargin(), ONCE, 3, 2)
     assert outcome.result == Done("late-but-in-time")
     assert one_row(database_url, schema)["state"] == "DONE"
 

@@ -69,36 +69,35 @@ async def test_the_bodys_own_timeout_is_not_the_leases():
     assert not cut.expired
 
 
-async def test_a_cancellation_from_outside_stays_a_cancellation():
-    async def attempt(cut: LeaseTimer) -> None:
-        with cut:
-            await asyncio.sleep(5)
+async def run_and_cancel(cut: LeaseTimer, after: float, linger: float = 0.0) -> None:
+    """An attempt under ``cut``, cancelled from outside ``after`` seconds in; told to stop, it
+    takes ``linger`` seconds to give up. The cancellation must reach the caller."""
 
-    cut = timer(5.0, 10.0, [False])
-    task = asyncio.create_task(attempt(cut))
-    await asyncio.sleep(0.01)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert not cut.expired
-
-
-async def test_a_cancellation_from_outside_beside_the_cut_stays_a_cancellation():
-    async def attempt(cut: LeaseTimer) -> None:
+    async def attempt() -> None:
         with cut:
             try:
                 await asyncio.sleep(5)
             except asyncio.CancelledError:
-                # Both the cut and a shutdown ask before the task runs again.
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(linger)
                 raise
 
-    cut = timer(0.02, 10.0, [False])
-    task = asyncio.create_task(attempt(cut))
-    await asyncio.sleep(0.05)
+    task = asyncio.create_task(attempt())
+    await asyncio.sleep(after)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_cancellation_from_outside_stays_a_cancellation():
+    cut = timer(5.0, 10.0, [False])
+    await run_and_cancel(cut, after=0.01)
+    assert not cut.expired
+
+
+async def test_a_cancellation_from_outside_beside_the_cut_stays_a_cancellation():
+    # The cut comes first; the shutdown's cancel arrives while the attempt is giving up.
+    cut = timer(0.02, 10.0, [False])
+    await run_and_cancel(cut, after=0.05, linger=0.1)
     assert cut.expired
 
 
