@@ -228,6 +228,7 @@ DECLARE
     keys text[];
     holds timestamptz[];
     fresh text[];
+    fresh_holds timestamptz[];
     existing text[];
     existing_holds timestamptz[];
     folded text[];
@@ -269,28 +270,61 @@ BEGIN
     -- probe a lane.
     SELECT coalesce(array_agg(k.lane_key ORDER BY k.lane_key) FILTER (WHERE l.lane_key IS NULL),
                     '{}'),
+           coalesce(array_agg(k.hold ORDER BY k.lane_key) FILTER (WHERE l.lane_key IS NULL),
+                    '{}'),
            coalesce(array_agg(k.lane_key ORDER BY k.lane_key) FILTER (WHERE l.lane_key IS NOT NULL),
                     '{}'),
            coalesce(array_agg(k.hold ORDER BY k.lane_key) FILTER (WHERE l.lane_key IS NOT NULL),
                     '{}')
-      INTO fresh, existing, existing_holds
+      INTO fresh, fresh_holds, existing, existing_holds
       FROM unnest(keys, holds) AS k(lane_key, hold)
       LEFT JOIN agent_action_lane l ON l.lane_key = k.lane_key;
-    INSERT INTO agent_action_lane
-        (lane_key, head_id, head_kind, head_due_at, head_priority, head_limit_key)
-    SELECT f.lane_key, h.id, h.kind, CASE WHEN h.state = 'ADMITTED' THEN h.available_at END,
-           h.priority, coalesce(h.limit_key, h.workspace_id, '')
-      FROM unnest(fresh) AS f(lane_key)
-      JOIN LATERAL (SELECT a.id, a.kind, a.state, a.available_at, a.priority, a.limit_key,
-                           a.workspace_id
-                      FROM agent_action a
-                     WHERE a.lane_key = f.lane_key AND a.state IN ('PROPOSED', 'ADMITTED')
-                     ORDER BY a.id
-                     LIMIT 1) h ON true
-     ORDER BY f.lane_key
-    ON CONFLICT (lane_key) DO NOTHING;
-    -- A lane whose actions all ended or were erased before this intake needs no row.
-    folded := fresh;
+
+    -- A fresh lane gets a row when an action of it waits (its head), or when an erased write
+    -- holds it; the row names the lane's executing action, locked so that it cannot end before
+    -- this row commits (its finish then finds the row). A lane whose executing action another
+    -- transaction holds is left in the intake; so is a lane whose row another transaction
+    -- made meanwhile (the next fold refreshes that row, with this lane's hold). A lane with
+    -- nothing waiting and no hold needs no row and is folded.
+    WITH probe AS (
+        SELECT f.lane_key, f.hold, h.id, h.kind, h.state, h.available_at, h.priority,
+               h.limit_key, x.id AS executing_id, y.id AS locked_id
+          FROM unnest(fresh, fresh_holds) AS f(lane_key, hold)
+          LEFT JOIN LATERAL (
+                SELECT a.id, a.kind, a.state, a.available_at, a.priority,
+                       coalesce(a.limit_key, a.workspace_id, '') AS limit_key
+                  FROM agent_action a
+                 WHERE a.lane_key = f.lane_key AND a.state IN ('PROPOSED', 'ADMITTED')
+                 ORDER BY a.id
+                 LIMIT 1) h ON true
+          LEFT JOIN LATERAL (
+                SELECT a.id FROM agent_action a
+                 WHERE a.lane_key = f.lane_key AND a.state = 'EXECUTING'
+                 LIMIT 1) x ON h.id IS NOT NULL  -- a probe a lane: never a join over them all
+          LEFT JOIN LATERAL (
+                SELECT a.id FROM agent_action a
+                 WHERE a.id = x.id AND a.state = 'EXECUTING'
+                   FOR SHARE OF a SKIP LOCKED) y ON true
+    ), made AS (
+        INSERT INTO agent_action_lane
+            (lane_key, head_id, head_kind, head_due_at, head_priority, head_limit_key,
+             executing_id, busy_until)
+        SELECT p.lane_key, p.id, p.kind, CASE WHEN p.state = 'ADMITTED' THEN p.available_at END,
+               coalesce(p.priority, 0), coalesce(p.limit_key, ''), p.executing_id,
+               CASE WHEN p.hold > now() THEN p.hold END
+          FROM probe p
+         WHERE (p.id IS NOT NULL OR p.hold > now())
+           AND (p.executing_id IS NULL OR p.locked_id IS NOT NULL)
+         ORDER BY p.lane_key
+        ON CONFLICT (lane_key) DO NOTHING
+        RETURNING lane_key
+    )
+    -- Two arrays joined end to end, not a join of the two (a generic plan's guess of their
+    -- sizes could make that a nested loop).
+    SELECT (SELECT coalesce(array_agg(m.lane_key), '{}') FROM made m)
+           || (SELECT coalesce(array_agg(p.lane_key), '{}') FROM probe p
+                WHERE p.id IS NULL AND (p.hold IS NULL OR p.hold <= now()))
+      INTO folded;
 
     FOR lane IN
         SELECT l.lane_key, k.hold
@@ -387,12 +421,12 @@ BEGIN
      WHERE a.lane_key = p_lane AND a.state IN ('PROPOSED', 'ADMITTED')
      ORDER BY a.id LIMIT 1;
     SELECT a.id INTO executing FROM agent_action a WHERE a.lane_key = p_lane AND a.state = 'EXECUTING';
-    IF head.id IS NULL AND executing IS NULL THEN
+    IF head.id IS NULL THEN
         DELETE FROM agent_action_lane
          WHERE lane_key = p_lane AND (busy_until IS NULL OR busy_until <= now());
-        IF NOT FOUND THEN  -- held by an erased write: keep the row, empty
+        IF NOT FOUND THEN  -- held by an erased write: keep the row, with no head
             UPDATE agent_action_lane
-               SET head_id = NULL, head_kind = NULL, head_due_at = NULL, executing_id = NULL
+               SET head_id = NULL, head_kind = NULL, head_due_at = NULL, executing_id = executing
              WHERE lane_key = p_lane;
         END IF;
     ELSE
@@ -450,6 +484,7 @@ DECLARE
     waiting text[];
     idle text[];
     locked integer;
+    made integer;
 BEGIN
     -- A take's, a fence's or a reclaim's statement (every row EXECUTING before and after)
     -- moved no lane and ends here: two scans that each stop at the first row of another state.
@@ -493,19 +528,42 @@ BEGIN
              ORDER BY l.lane_key
                FOR UPDATE OF l) x;
     IF locked < cardinality(keys) THEN
-        -- A lane without a row (the outbox's own statements always find one): made, then locked.
-        INSERT INTO agent_action_lane (lane_key)
-        SELECT k FROM unnest(keys) AS k ORDER BY k
+        -- A lane without a row (0021: a finish's lane whose action ran alone, usually) gets one
+        -- only if an action of it waits: one probe of ix_agent_action_lane_waiting a lane.
+        -- Made as the fold makes one, then locked with the others.
+        INSERT INTO agent_action_lane
+            (lane_key, head_id, head_kind, head_due_at, head_priority, head_limit_key,
+             executing_id)
+        SELECT k.lane_key, h.id, h.kind, CASE WHEN h.state = 'ADMITTED' THEN h.available_at END,
+               coalesce(h.priority, 0), h.limit_key,
+               (SELECT a.id FROM agent_action a
+                 WHERE a.lane_key = k.lane_key AND a.state = 'EXECUTING')
+          FROM unnest(keys) AS k(lane_key)
+          JOIN LATERAL (
+                SELECT a.id, a.kind, a.state, a.available_at, a.priority,
+                       coalesce(a.limit_key, a.workspace_id, '') AS limit_key
+                  FROM agent_action a
+                 WHERE a.lane_key = k.lane_key AND a.state IN ('PROPOSED', 'ADMITTED')
+                 ORDER BY a.id
+                 LIMIT 1) h ON true
+         WHERE NOT EXISTS (SELECT 1 FROM agent_action_lane l WHERE l.lane_key = k.lane_key)
+         ORDER BY k.lane_key
         ON CONFLICT DO NOTHING;
+        GET DIAGNOSTICS made = ROW_COUNT;
+        IF locked = 0 AND made = 0 THEN
+            RETURN NULL;
+        END IF;
         PERFORM 1 FROM unnest(keys) AS k(lane_key)
           JOIN agent_action_lane l ON l.lane_key = k.lane_key
          ORDER BY l.lane_key
            FOR UPDATE OF l;
     END IF;
 
-    -- Each lane's head (its smallest waiting action) and executing action, as
-    -- agent_action_lane_refresh reads them; a lane with neither is dropped (or, held by an
-    -- erased write, kept empty), a lane with an executing action is written here.
+    -- Each locked lane's head (its smallest waiting action) and executing action, as
+    -- agent_action_lane_refresh reads them; a lane with no head is dropped (or, held by an
+    -- erased write, kept with no head), a lane with an executing action is written here. A lane
+    -- still without a row had nothing waiting a statement ago; what waits in it now is in the
+    -- intake, for the next fold.
     WITH lane AS (
         SELECT k.lane_key, h.id AS head_id, h.kind AS head_kind,
                CASE WHEN h.state = 'ADMITTED' THEN h.available_at END AS head_due_at,
@@ -513,6 +571,7 @@ BEGIN
                coalesce(h.limit_key, '') AS head_limit_key,
                x.id AS executing_id
           FROM unnest(keys) AS k(lane_key)
+          JOIN agent_action_lane r ON r.lane_key = k.lane_key
           LEFT JOIN LATERAL (
                 SELECT a.id, a.kind, a.state, a.available_at, a.priority,
                        coalesce(a.limit_key, a.workspace_id, '') AS limit_key
@@ -528,14 +587,15 @@ BEGIN
         DELETE FROM agent_action_lane l
          USING lane
          WHERE l.lane_key = lane.lane_key
-           AND lane.head_id IS NULL AND lane.executing_id IS NULL
+           AND lane.head_id IS NULL
            AND (l.busy_until IS NULL OR l.busy_until <= now())
     ), held AS (
         UPDATE agent_action_lane l
-           SET head_id = NULL, head_kind = NULL, head_due_at = NULL, executing_id = NULL
+           SET head_id = NULL, head_kind = NULL, head_due_at = NULL,
+               executing_id = lane.executing_id
           FROM lane
          WHERE l.lane_key = lane.lane_key
-           AND lane.head_id IS NULL AND lane.executing_id IS NULL
+           AND lane.head_id IS NULL
            AND l.busy_until > now()
     ), busy AS (
         UPDATE agent_action_lane l
@@ -544,7 +604,7 @@ BEGIN
                head_priority = lane.head_priority, head_limit_key = lane.head_limit_key
           FROM lane
          WHERE l.lane_key = lane.lane_key
-           AND lane.executing_id IS NOT NULL
+           AND lane.executing_id IS NOT NULL AND lane.head_id IS NOT NULL
            AND (l.head_id, l.head_kind, l.head_due_at, l.executing_id, l.head_priority,
                 l.head_limit_key) IS DISTINCT FROM
                (lane.head_id, lane.head_kind, lane.head_due_at, lane.executing_id,

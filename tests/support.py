@@ -97,12 +97,13 @@ def lanes(conn: psycopg.Connection, schema: str) -> list[tuple]:
 
 
 def expected_lanes(conn: psycopg.Connection, schema: str) -> list[tuple]:
-    """The lane rows recomputed from agent_action alone (the invariant the triggers keep)."""
+    """The lane rows recomputed from agent_action alone (the invariant the triggers keep): a row
+    for each lane with a waiting action, naming its head and its executing action."""
     return conn.execute(
         f"""
         WITH keys AS (
             SELECT DISTINCT lane_key FROM "{schema}".agent_action
-             WHERE state IN ('PROPOSED', 'ADMITTED', 'EXECUTING'))
+             WHERE state IN ('PROPOSED', 'ADMITTED'))
         SELECT k.lane_key, h.id, h.kind,
                CASE WHEN h.state = 'ADMITTED' THEN h.available_at END,
                (SELECT x.id FROM "{schema}".agent_action x

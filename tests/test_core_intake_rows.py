@@ -198,8 +198,12 @@ STEPS = st.lists(
         ),
         st.tuples(st.just("erase"), st.sampled_from(LANES)),
         st.tuples(st.just("claim"), st.integers(1, 30)),
+        st.tuples(st.just("end"), st.lists(st.sampled_from(LANES), max_size=8)),
         st.tuples(
-            st.just("fold"), st.integers(1, 80), st.lists(st.sampled_from(LANES), max_size=6)
+            st.just("fold"),
+            st.integers(1, 80),
+            st.lists(st.sampled_from(LANES), max_size=6),
+            st.booleans(),  # whether the finish that holds those lanes ends their actions
         ),
     ),
     min_size=1,
@@ -214,13 +218,15 @@ STEPS = st.lists(
 def test_a_lane_out_of_step_with_its_actions_is_always_still_in_the_intake(
     ob, conn, database_url, steps
 ):
-    """Inserts of many lanes, claims, erasures of heads, and folds of small limits with some
-    lane rows held: after every step each lane whose row is wrong is named by the intake, and
+    """Inserts of many lanes, claims, ends of executing actions, erasures of heads, and folds
+    of small limits while a finish holds some lanes' rows and executing actions (and then ends
+    them or not): after every step each lane whose row is wrong is named by the intake, and
     once the holds are gone the folds drain the intake and every lane row is right."""
     s = ob.schema
     conn.execute(
         f'TRUNCATE "{s}".agent_action, "{s}".agent_action_lane, "{s}".agent_action_lane_intake'
     )
+    conn.execute("SET lock_timeout = '2s'")
     conn.commit()
     keys = iter(range(10**6))
     with psycopg.connect(database_url) as finish:
@@ -241,6 +247,13 @@ def test_a_lane_out_of_step_with_its_actions_is_always_still_in_the_intake(
                 run_sync(
                     conn, claim_operation(s, {NOTE.name: step[1]}, LEASE, take=True, intake=False)
                 )
+            elif step[0] == "end":  # a finish of the lanes' executing actions
+                conn.execute(
+                    f"UPDATE \"{s}\".agent_action SET state = 'DONE', stop_reason = 'DONE',"
+                    " payload = NULL, ended_at = now()"
+                    " WHERE state = 'EXECUTING' AND lane_key = ANY (%s)",
+                    (step[1],),
+                )
             elif step[0] == "erase":
                 conn.execute(
                     f'DELETE FROM "{s}".agent_action WHERE id = (SELECT min(id)'
@@ -248,13 +261,24 @@ def test_a_lane_out_of_step_with_its_actions_is_always_still_in_the_intake(
                     (step[1],),
                 )
             else:
-                _, limit, held = step
+                _, limit, held, ends = step
+                # A finish under way holds its lane's row, if it has one, and its action; it
+                # commits after the fold (ending the actions), or rolls back.
                 finish.execute(
                     f'SELECT 1 FROM "{s}".agent_action_lane WHERE lane_key = ANY (%s) FOR UPDATE',
                     (held,),
                 )
-                fold(conn, s, limit)
-                finish.rollback()
+                finish.execute(
+                    f"UPDATE \"{s}\".agent_action SET state = 'DONE', stop_reason = 'DONE',"
+                    " payload = NULL, ended_at = now()"
+                    " WHERE lane_key = ANY (%s) AND state = 'EXECUTING'",
+                    (held,),
+                )
+                fold(conn, s, limit)  # never waits: lock_timeout would fail it
+                if ends:
+                    finish.commit()
+                else:
+                    finish.rollback()
             conn.commit()
             actual = {row[0]: row for row in lane_rows(conn, s)}
             expected = {row[0]: row for row in expected_lanes(conn, s)}
@@ -290,3 +314,91 @@ def test_the_lane_functions_plan_their_statements_once_a_session(
     for name in generic:
         assert "plan_cache_mode=force_generic_plan" in (config[name] or []), name
     assert "plan_cache_mode=auto" in config["agent_action_lane_intake_held"]
+
+
+def claim(conn: psycopg.Connection, schema: str, n: int = 10) -> list[int]:
+    """A claim of due lane heads (no fold first), committed: the claimed ids."""
+    operation = claim_operation(schema, {NOTE.name: n}, LEASE, take=True, intake=False)
+    claimed = run_sync(conn, operation)
+    conn.commit()
+    return [c.action.id for c in claimed]
+
+
+def end(conn: psycopg.Connection, schema: str, lane: str) -> None:
+    """The lane's executing action ends DONE (its finish's statement, uncommitted)."""
+    conn.execute(
+        f"UPDATE \"{schema}\".agent_action SET state = 'DONE', stop_reason = 'DONE',"
+        " payload = NULL, ended_at = now() WHERE lane_key = %s AND state = 'EXECUTING'",
+        (lane,),
+    )
+
+
+def test_a_lane_whose_action_runs_alone_has_no_row_until_an_action_waits_behind_it(ob, conn):
+    (first,) = enqueue_many(conn, [request("L", "first")], schema=ob.schema)
+    conn.commit()
+    fold(conn, ob.schema, 100)
+    assert claim(conn, ob.schema) == [first.id]
+    assert lane_rows(conn, ob.schema) == []
+    (second,) = enqueue_many(conn, [request("L", "second")], schema=ob.schema)
+    conn.commit()
+    fold(conn, ob.schema, 100)
+    # The fold's row names the executing action, so the waiting one is not a claimable head.
+    [(_, head, _, _, executing)] = lane_rows(conn, ob.schema)
+    assert (head, executing) == (second.id, first.id)
+    assert claim(conn, ob.schema) == []
+    end(conn, ob.schema, "L")
+    conn.commit()
+    assert lane_rows(conn, ob.schema) == expected_lanes(conn, ob.schema)
+    assert claim(conn, ob.schema) == [second.id]
+    end(conn, ob.schema, "L")
+    conn.commit()
+    assert lane_rows(conn, ob.schema) == [] and intake(conn, ob.schema) == []
+
+
+def test_a_fold_leaves_a_lane_whose_executing_action_a_finish_holds_for_the_next_fold(
+    ob, conn, database_url
+):
+    """The fold never waits on an executing action another transaction holds, and never makes
+    a row from what that transaction is about to change: the lane stays in the intake."""
+    enqueue_many(conn, [request("L", "first")], schema=ob.schema)
+    conn.commit()
+    fold(conn, ob.schema, 100)
+    claim(conn, ob.schema)
+    (second,) = enqueue_many(conn, [request("L", "second")], schema=ob.schema)
+    conn.commit()
+    conn.execute("SET lock_timeout = '2s'")
+    conn.commit()
+    with psycopg.connect(database_url) as finish:
+        end(finish, ob.schema, "L")
+        assert fold(conn, ob.schema, 100) == 0
+        assert pending(conn, ob.schema) == ["L"]
+        finish.commit()
+    fold(conn, ob.schema, 100)
+    assert intake(conn, ob.schema) == []
+    assert lane_rows(conn, ob.schema) == expected_lanes(conn, ob.schema)
+    assert claim(conn, ob.schema) == [second.id]
+
+
+def test_a_finish_waits_for_the_fold_that_recorded_its_action_and_then_frees_the_lane(
+    ob, conn, database_url
+):
+    """The fold that makes a lane's row around an executing action locks that action until it
+    commits: the action's finish waits, then finds the row and hands the lane to its head."""
+    enqueue_many(conn, [request("L", "first")], schema=ob.schema)
+    conn.commit()
+    fold(conn, ob.schema, 100)
+    claim(conn, ob.schema)
+    (second,) = enqueue_many(conn, [request("L", "second")], schema=ob.schema)
+    conn.commit()
+    conn.execute(f'SELECT "{ob.schema}".agent_action_lane_intake(100)')  # not committed yet
+    with psycopg.connect(database_url) as finish:
+        finish.execute("SET lock_timeout = '200ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            end(finish, ob.schema, "L")
+        finish.rollback()
+        conn.commit()
+        end(finish, ob.schema, "L")
+        finish.commit()
+    assert intake(conn, ob.schema) == []
+    assert lane_rows(conn, ob.schema) == expected_lanes(conn, ob.schema)
+    assert claim(conn, ob.schema) == [second.id]

@@ -333,6 +333,7 @@ async def test_an_ended_action_wakes_the_claimers_only_when_its_lane_has_a_due_s
         enqueue(conn, request("alone", "alone"), schema=schema)
         enqueue(conn, request("R", "retried"), schema=schema)
         enqueue(conn, request("R", "behind"), schema=schema)
+        enqueue(conn, request("S", "solo"), schema=schema)
         conn.commit()
     with psycopg.connect(database_url, autocommit=True) as listener:
         listener.execute(f'LISTEN "outbox_{schema}"')
@@ -341,7 +342,7 @@ async def test_an_ended_action_wakes_the_claimers_only_when_its_lane_has_a_due_s
                 c.action.lane_key: c.action
                 for c in await store.claim({"NOTE": 10}, ob.settings.lease)
             }
-            assert sorted(claimed) == ["L", "R", "alone"]
+            assert sorted(claimed) == ["L", "R", "S", "alone"]
             assert _notified(listener) == 0, "a claim leaves its lane busy: nothing to wake"
             done = Finish(ActionState.DONE, "DONE")
             alone = claimed["alone"]
@@ -354,5 +355,13 @@ async def test_an_ended_action_wakes_the_claimers_only_when_its_lane_has_a_due_s
             first = claimed["L"]
             assert await store.finish(first.token, done)
             assert _notified(listener) == 1, "the successor is due: the claimers must hear it"
-            (nxt,) = await store.claim({"NOTE": 10}, ob.settings.lease)
-    assert nxt.action.idempotency_key == "second"
+            # A lane whose action ran alone has no row; a successor enqueued meanwhile and not
+            # yet folded gets its row from the end, which wakes the claimers too.
+            with psycopg.connect(database_url) as conn:
+                enqueue(conn, request("S", "solo-next"), schema=schema)
+                conn.commit()
+            assert _notified(listener) == 1, "the enqueue's own wake-up"
+            assert await store.finish(claimed["S"].token, done)
+            assert _notified(listener) == 1, "the end made the lane's row around a due head"
+            nxt = await store.claim({"NOTE": 10}, ob.settings.lease)
+    assert sorted(c.action.idempotency_key for c in nxt) == ["second", "solo-next"]

@@ -960,9 +960,11 @@ SELECT a.id, a.kind, a.state, a.stop_reason, a.retry_reason, a.workspace_id, a.l
  LIMIT %(limit)s
 
 -- name: lane_of_action
--- Inspect: the lane row of an action's lane (if the lane has live actions) and how many waiting
--- actions of that lane come before it.
-SELECT l.head_id, l.head_kind, l.head_due_at, l.executing_id,
+-- Inspect: the head of an action's lane from its lane row (if an action of the lane waits), the
+-- lane's executing action, and how many waiting actions of that lane come before it.
+SELECT l.head_id, l.head_kind, l.head_due_at,
+       (SELECT x.id FROM {schema}.agent_action x
+         WHERE x.lane_key = %(lane_key)s AND x.state = 'EXECUTING') AS executing_id,
        (SELECT count(*) FROM {schema}.agent_action b
          WHERE b.lane_key = %(lane_key)s AND b.state IN ('PROPOSED', 'ADMITTED')
            AND b.id < %(id)s) AS waiting_before,
