@@ -68,6 +68,13 @@ def _rows_visited(node: dict) -> int:
 def claim_buffers(conn, schema: str, limit: int = 100) -> tuple[int, int, int]:
     """(buffers touched, rows visited by the plan, rows claimed) of one claim batch, rolled
     back."""
+    top = claim_plan(conn, schema, limit)
+    buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+    return buffers, _rows_visited(top), top["Actual Rows"]
+
+
+def claim_plan(conn, schema: str, limit: int = 100) -> dict:
+    """The executed plan (EXPLAIN ANALYZE) of one claim batch, rolled back."""
     sql = queries_for(schema)["claim_heads"]
     with conn.transaction(force_rollback=True):
         (plan,) = conn.execute(
@@ -87,9 +94,12 @@ def claim_buffers(conn, schema: str, limit: int = 100) -> tuple[int, int, int]:
                 "key_cap": None,
             },
         ).fetchone()
-    top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
-    buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
-    return buffers, _rows_visited(top), top["Actual Rows"]
+    return (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+
+
+def _nodes(node: dict, node_type: str) -> list[dict]:
+    own = [node] if node["Node Type"] == node_type else []
+    return own + [n for child in node.get("Plans", []) for n in _nodes(child, node_type)]
 
 
 def claim_buffers_of_two(
@@ -197,3 +207,20 @@ def test_a_claim_probes_each_head_while_the_statistics_say_the_table_is_empty(
         _, visited_analyzed, _ = claim_buffers(conn, schema)
     assert rows_claimed == 100
     assert visited <= 1.5 * visited_analyzed, (visited, visited_analyzed)
+
+
+def test_a_claim_updates_each_head_through_the_tuple_its_lock_found(
+    make_outbox, database_url, schema
+):
+    """The claim locks each head by a primary-key probe and updates the row version it locked
+    by its tuple id: no second probe of the primary key a head."""
+    outbox_on(make_outbox)
+    with psycopg.connect(database_url) as conn:
+        fill(conn, schema, hot_lane=0, single_lanes=150)
+        top = claim_plan(conn, schema)
+    assert top["Actual Rows"] == 100
+    updates = [n for n in _nodes(top, "ModifyTable") if n.get("Relation Name") == "agent_action"]
+    assert len(updates) == 2, "the reclaims' update and the heads'"
+    tid_scans = [n for u in updates for n in _nodes(u, "Tid Scan")]
+    assert sum(n["Actual Loops"] for n in tid_scans) == 100, json.dumps(updates, indent=1)
+    assert not [n for u in updates for n in _nodes(u, "Index Scan") if n["Actual Loops"] > 0]

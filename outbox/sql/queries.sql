@@ -283,10 +283,10 @@ WITH RECURSIVE expired AS (
     -- written `(...) IS TRUE`, which the planner cannot match to a partial index's predicate:
     -- planned while the statistics say the table is empty (a new outbox's first burst), a
     -- scan of the due actions looked as cheap as the probe, and ran once a candidate.
-    SELECT h.id
+    SELECT h.id, h.tid
       FROM candidates c
      CROSS JOIN LATERAL (
-           SELECT a.id, a.lane_key
+           SELECT a.id, a.lane_key, a.ctid AS tid
              FROM {schema}.agent_action a
             WHERE a.id = c.head_id
               AND (a.state = 'ADMITTED') IS TRUE
@@ -297,6 +297,10 @@ WITH RECURSIVE expired AS (
      -- committed, found by one probe of ix_agent_action_lane_waiting (ordered by id, so a
      -- plan never reads the lane's, or every lane's, waiting actions to compare). A head
      -- that is not (locked above, claimed by nobody) stays locked until the claim commits.
+     -- The update below follows the locked row version's tuple id (as take_attempts does), not
+     -- a second probe of the primary key; a head that another transaction changed and
+     -- committed after this statement began is locked in its new version, which the
+     -- statement's snapshot does not see: it is left for the next claim, as a locked head is.
      CROSS JOIN LATERAL (
            SELECT b.id
              FROM {schema}.agent_action b
@@ -310,7 +314,7 @@ WITH RECURSIVE expired AS (
            attempt = a.attempt + %(take)s::int,
            taken_epoch = CASE WHEN %(take)s THEN a.epoch + 1 ELSE a.taken_epoch END
       FROM ready
-     WHERE a.id = ready.id
+     WHERE a.ctid = ready.tid
     RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
               CASE WHEN %(take)s THEN a.payload END AS payload, a.subject_account_id,
               a.max_attempts, a.expires_at, a.attempt, a.epoch, a.available_at, a.lease_until,
