@@ -103,15 +103,23 @@ def measured(server: WalPostgres, work: Callable[[], None]) -> dict[str, float]:
         seconds = time.perf_counter() - started
         (end,) = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()  # type: ignore[misc]
         conn.execute("CHECKPOINT")  # every record up to the end on disk, for pg_waldump
-        (wal_bytes,) = conn.execute(  # type: ignore[misc]
-            "SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", (end, start)
+        (wal_bytes, *segments) = conn.execute(  # type: ignore[misc]
+            "SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn),"
+            " pg_walfile_name(%s::pg_lsn), pg_walfile_name(%s::pg_lsn)",
+            (end, start, start, end),
         ).fetchone()
     if wal_bytes == 0:
         # pg_waldump refuses an empty range.
         return {"bytes": 0.0, "records": 0.0, "fpi_bytes": 0.0, "s": seconds}
     waldump = [str(PG_BIN / "pg_waldump"), "-p", str(server.data / "pg_wal"), "--stats"]
+    # The first and last segments named: without them pg_waldump learns the segment size from
+    # whichever file of the directory it lists first, which may be one the server made ahead
+    # and has not written yet (a header of zeros, "WAL segment size must be a power of two").
     dump = subprocess.run(
-        [*waldump, "-s", start, "-e", end], capture_output=True, text=True, user=server.user
+        [*waldump, "-s", start, "-e", end, *segments],
+        capture_output=True,
+        text=True,
+        user=server.user,
     )
     if dump.returncode != 0:
         raise RuntimeError(f"pg_waldump {start}..{end} failed:\n{dump.stderr[-2000:]}")

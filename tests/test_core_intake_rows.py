@@ -247,13 +247,8 @@ def test_a_lane_out_of_step_with_its_actions_is_always_still_in_the_intake(
                 run_sync(
                     conn, claim_operation(s, {NOTE.name: step[1]}, LEASE, take=True, intake=False)
                 )
-            elif step[0] == "end":  # a finish of the lanes' executing actions
-                conn.execute(
-                    f"UPDATE \"{s}\".agent_action SET state = 'DONE', stop_reason = 'DONE',"
-                    " payload = NULL, ended_at = now()"
-                    " WHERE state = 'EXECUTING' AND lane_key = ANY (%s)",
-                    (step[1],),
-                )
+            elif step[0] == "end":
+                end(conn, s, *step[1])
             elif step[0] == "erase":
                 conn.execute(
                     f'DELETE FROM "{s}".agent_action WHERE id = (SELECT min(id)'
@@ -268,12 +263,7 @@ def test_a_lane_out_of_step_with_its_actions_is_always_still_in_the_intake(
                     f'SELECT 1 FROM "{s}".agent_action_lane WHERE lane_key = ANY (%s) FOR UPDATE',
                     (held,),
                 )
-                finish.execute(
-                    f"UPDATE \"{s}\".agent_action SET state = 'DONE', stop_reason = 'DONE',"
-                    " payload = NULL, ended_at = now()"
-                    " WHERE lane_key = ANY (%s) AND state = 'EXECUTING'",
-                    (held,),
-                )
+                end(finish, s, *held)
                 fold(conn, s, limit)  # never waits: lock_timeout would fail it
                 if ends:
                     finish.commit()
@@ -324,12 +314,12 @@ def claim(conn: psycopg.Connection, schema: str, n: int = 10) -> list[int]:
     return [c.action.id for c in claimed]
 
 
-def end(conn: psycopg.Connection, schema: str, lane: str) -> None:
-    """The lane's executing action ends DONE (its finish's statement, uncommitted)."""
+def end(conn: psycopg.Connection, schema: str, *lanes: str) -> None:
+    """The lanes' executing actions end DONE (a finish's statement, uncommitted)."""
     conn.execute(
         f"UPDATE \"{schema}\".agent_action SET state = 'DONE', stop_reason = 'DONE',"
-        " payload = NULL, ended_at = now() WHERE lane_key = %s AND state = 'EXECUTING'",
-        (lane,),
+        " payload = NULL, ended_at = now() WHERE lane_key = ANY (%s) AND state = 'EXECUTING'",
+        (list(lanes),),
     )
 
 
