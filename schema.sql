@@ -1039,7 +1039,7 @@ CREATE INDEX ix_agent_action_lane_waiting ON outbox.agent_action USING btree (la
 
 -- index ix_agent_action_lease
 
-CREATE INDEX ix_agent_action_lease ON outbox.agent_action USING btree (lease_until) WHERE (state = 'EXECUTING'::text);
+CREATE INDEX ix_agent_action_lease ON outbox.agent_action USING btree (lease_until) WHERE ((state = 'EXECUTING'::text) AND (lease_until IS NOT NULL));
 
 -- index ix_agent_action_link_to
 

@@ -392,3 +392,22 @@ def test_a_finish_waits_for_the_fold_that_recorded_its_action_and_then_frees_the
     assert intake(conn, ob.schema) == []
     assert lane_rows(conn, ob.schema) == expected_lanes(conn, ob.schema)
     assert claim(conn, ob.schema) == [second.id]
+
+
+def test_a_lanes_executing_action_is_found_by_the_lane_index_alone(ob, conn):
+    """A probe for a lane's executing action can only be served by its lane index: planned on
+    the lease index (the same predicate until migration 0022), it read every executing
+    action's entry a lane, and a fold of thousands of fresh lanes took that many times longer."""
+    enqueue_many(conn, [request(f"L{i}", f"k{i}") for i in range(40)], schema=ob.schema)
+    conn.commit()
+    fold(conn, ob.schema, 100)
+    claim(conn, ob.schema, 30)
+    conn.execute(f'SET search_path TO "{ob.schema}"')
+    probe = "SELECT a.id FROM agent_action a WHERE a.lane_key = 'L1' AND a.state = 'EXECUTING'"
+    plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN {probe}").fetchall())
+    assert "ux_agent_action_lane_executing" in plan, plan
+    # Without the lane index (dropped in this transaction only), no other index serves it.
+    conn.execute("DROP INDEX ux_agent_action_lane_executing")
+    plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN {probe}").fetchall())
+    assert "ix_agent_action_lease" not in plan, plan
+    conn.rollback()
