@@ -204,14 +204,17 @@ CREATE FUNCTION outbox.agent_action_kinds_waiting(p_kinds text[]) RETURNS text[]
     LANGUAGE plpgsql
     SET search_path TO 'outbox'
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 BEGIN
-    -- One probe of ix_agent_action_lane_ready a kind: its first entry, due or scheduled.
+    -- One probe of ix_agent_action_lane_ready a kind: its first entry, due or scheduled
+    -- (OFFSET 0: a probe a kind, not a semi-join over the lane table).
     RETURN (SELECT coalesce(array_agg(k.kind), '{}')
               FROM unnest(p_kinds) AS k(kind)
              WHERE EXISTS (SELECT 1 FROM agent_action_lane l
                             WHERE l.head_kind = k.kind
-                              AND l.executing_id IS NULL AND l.head_due_at IS NOT NULL));
+                              AND l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                           OFFSET 0));
 END;
 $$;
 
@@ -221,9 +224,10 @@ CREATE FUNCTION outbox.agent_action_lane_intake(p_limit integer) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'outbox'
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
-    batch bigint[];
+    tids tid[];
     takes integer[];
     keys text[];
     holds timestamptz[];
@@ -238,47 +242,54 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock(2831, hashtext(current_schema())) THEN
         RETURN 0;
     END IF;
-    -- The rows this fold takes from, and how many of each row's lanes (a prefix), as in 0015.
-    SELECT array_agg(t.seq), array_agg(t.take), sum(t.take) INTO batch, takes, taken
-      FROM (SELECT p.seq, max(p.take)::integer AS take
-              FROM (SELECT w.seq, least(w.lanes, p_limit - w.before) AS take
-                      FROM (SELECT i.seq, i.lanes,
+    -- The rows this fold takes from (by tuple id: no other transaction changes an intake row
+    -- while this one holds the fold's lock), and how many of each row's lanes (a prefix), as
+    -- in 0015.
+    SELECT array_agg(t.tid), array_agg(t.take), sum(t.take) INTO tids, takes, taken
+      FROM (SELECT p.tid, max(p.take)::integer AS take
+              FROM (SELECT w.tid, least(w.lanes, p_limit - w.before) AS take
+                      FROM (SELECT i.tid, i.lanes,
                                    sum(i.lanes) OVER (ORDER BY i.priority DESC, i.seq
                                                       ROWS UNBOUNDED PRECEDING) - i.lanes
                                        AS before
-                              FROM (SELECT seq, priority, lanes FROM agent_action_lane_intake
+                              FROM (SELECT ctid AS tid, seq, priority, lanes
+                                      FROM agent_action_lane_intake
                                      ORDER BY priority DESC, seq LIMIT p_limit) i) w
                      WHERE w.before < p_limit
                     UNION ALL
-                    SELECT r.seq, least(r.lanes, 64)
-                      FROM (SELECT seq, lanes FROM agent_action_lane_intake
+                    SELECT r.tid, least(r.lanes, 64)
+                      FROM (SELECT ctid AS tid, lanes FROM agent_action_lane_intake
                              ORDER BY seq DESC LIMIT 64) r) p
-             GROUP BY p.seq) t;
-    IF batch IS NULL THEN
+             GROUP BY p.tid) t;
+    IF tids IS NULL THEN
         RETURN 0;
     END IF;
     SELECT array_agg(k.lane_key ORDER BY k.lane_key), array_agg(k.hold ORDER BY k.lane_key)
       INTO keys, holds
       FROM (SELECT u.lane_key, max(i.busy_until) AS hold
-              FROM unnest(batch, takes) AS b(seq, take)
-              JOIN agent_action_lane_intake i ON i.seq = b.seq
+              FROM unnest(tids, takes) AS b(tid, take)
+             CROSS JOIN LATERAL (
+                   SELECT x.lane_key, x.lane_keys, x.busy_until
+                     FROM agent_action_lane_intake x
+                    WHERE x.ctid = b.tid
+                   OFFSET 0) i
              CROSS JOIN LATERAL
                    unnest(coalesce(i.lane_keys[1:b.take], ARRAY[i.lane_key])) AS u(lane_key)
              GROUP BY u.lane_key) k;
 
     -- Which lanes have a row (refreshed below) and which are fresh (made here), one index
     -- probe a lane.
-    SELECT coalesce(array_agg(k.lane_key ORDER BY k.lane_key) FILTER (WHERE l.lane_key IS NULL),
+    SELECT coalesce(array_agg(k.lane_key ORDER BY k.lane_key) FILTER (WHERE l.found IS NULL),
                     '{}'),
-           coalesce(array_agg(k.hold ORDER BY k.lane_key) FILTER (WHERE l.lane_key IS NULL),
-                    '{}'),
-           coalesce(array_agg(k.lane_key ORDER BY k.lane_key) FILTER (WHERE l.lane_key IS NOT NULL),
-                    '{}'),
-           coalesce(array_agg(k.hold ORDER BY k.lane_key) FILTER (WHERE l.lane_key IS NOT NULL),
-                    '{}')
+           coalesce(array_agg(k.hold ORDER BY k.lane_key) FILTER (WHERE l.found IS NULL), '{}'),
+           coalesce(array_agg(k.lane_key ORDER BY k.lane_key) FILTER (WHERE l.found), '{}'),
+           coalesce(array_agg(k.hold ORDER BY k.lane_key) FILTER (WHERE l.found), '{}')
       INTO fresh, fresh_holds, existing, existing_holds
       FROM unnest(keys, holds) AS k(lane_key, hold)
-      LEFT JOIN agent_action_lane l ON l.lane_key = k.lane_key;
+      LEFT JOIN LATERAL (
+            SELECT true AS found FROM agent_action_lane l
+             WHERE l.lane_key = k.lane_key
+            OFFSET 0) l ON true;
 
     -- A fresh lane gets a row when an action of it waits (its head), or when an erased write
     -- holds it; the row names the lane's executing action, locked so that it cannot end before
@@ -326,12 +337,15 @@ BEGIN
                 WHERE p.id IS NULL AND (p.hold IS NULL OR p.hold <= now()))
       INTO folded;
 
+    -- The lanes that had a row, locked in lane_key order (the order of existing), skipping a
+    -- row another transaction holds (its lane stays in the intake).
     FOR lane IN
-        SELECT l.lane_key, k.hold
+        SELECT k.lane_key, k.hold
           FROM unnest(existing, existing_holds) AS k(lane_key, hold)
-          JOIN agent_action_lane l ON l.lane_key = k.lane_key
-         ORDER BY l.lane_key
-           FOR UPDATE OF l SKIP LOCKED
+         CROSS JOIN LATERAL (
+               SELECT 1 FROM agent_action_lane l
+                WHERE l.lane_key = k.lane_key
+                  FOR UPDATE OF l SKIP LOCKED) l
     LOOP
         IF lane.hold IS NOT NULL THEN
             UPDATE agent_action_lane
@@ -346,27 +360,29 @@ BEGIN
         -- Every lane taken was folded: a row taken whole leaves, a row taken in part keeps the
         -- lanes after its prefix.
         DELETE FROM agent_action_lane_intake i
-         USING unnest(batch, takes) AS b(seq, take)
-         WHERE i.seq = b.seq AND i.lanes <= b.take;
+         USING unnest(tids, takes) AS b(tid, take)
+         WHERE i.ctid = b.tid AND i.lanes <= b.take;
         UPDATE agent_action_lane_intake i
            SET lane_keys = i.lane_keys[b.take + 1:], lanes = i.lanes - b.take
-          FROM unnest(batch, takes) AS b(seq, take)
-         WHERE i.seq = b.seq AND i.lanes > b.take;
+          FROM unnest(tids, takes) AS b(tid, take)
+         WHERE i.ctid = b.tid AND i.lanes > b.take;
         RETURN taken;
     END IF;
-    RETURN agent_action_lane_intake_held(batch, takes, keys, folded, taken);
+    RETURN agent_action_lane_intake_held(tids, takes, keys, folded, taken);
 END;
 $$;
 
--- function agent_action_lane_intake_held(bigint[], integer[], text[], text[], integer)
+-- function agent_action_lane_intake_held(tid[], integer[], text[], text[], integer)
 
-CREATE FUNCTION outbox.agent_action_lane_intake_held(batch bigint[], takes integer[], keys text[], folded text[], taken integer) RETURNS integer
+CREATE FUNCTION outbox.agent_action_lane_intake_held(tids tid[], takes integer[], keys text[], folded text[], taken integer) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'outbox'
     SET plan_cache_mode TO 'auto'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     skipped text[];
+    emptied tid[];
 BEGIN
     SELECT array_agg(k.lane_key) INTO skipped
       FROM unnest(keys) AS k(lane_key)
@@ -375,29 +391,38 @@ BEGIN
         UPDATE agent_action_lane_intake i
            SET lane_keys = coalesce(h.held, '{}') || i.lane_keys[b.take + 1:],
                lanes = coalesce(cardinality(h.held), 0) + i.lanes - b.take
-          FROM unnest(batch, takes) AS b(seq, take)
-          LEFT JOIN (SELECT x.seq, array_agg(u.lane_key ORDER BY u.n) AS held
-                       FROM unnest(batch, takes) AS c(seq, take)
-                       JOIN agent_action_lane_intake x ON x.seq = c.seq
+          FROM unnest(tids, takes) AS b(tid, take)
+          LEFT JOIN (SELECT c.tid, array_agg(u.lane_key ORDER BY u.n) AS held
+                       FROM unnest(tids, takes) AS c(tid, take)
+                      CROSS JOIN LATERAL (
+                            SELECT x.lane_keys FROM agent_action_lane_intake x
+                             WHERE x.ctid = c.tid
+                            OFFSET 0) x
                       CROSS JOIN LATERAL
                             unnest(x.lane_keys[1:c.take]) WITH ORDINALITY AS u(lane_key, n)
                        JOIN unnest(skipped) AS s(lane_key) ON s.lane_key = u.lane_key
-                      GROUP BY x.seq) h ON h.seq = b.seq
-         WHERE i.seq = b.seq AND i.lane_keys IS NOT NULL
-        RETURNING coalesce(cardinality(h.held), 0) AS held)
-    SELECT taken - coalesce(sum(kept.held), 0) INTO taken FROM kept;
+                      GROUP BY c.tid) h ON h.tid = b.tid
+         WHERE i.ctid = b.tid AND i.lane_keys IS NOT NULL
+        RETURNING i.ctid AS tid, i.lanes, coalesce(cardinality(h.held), 0) AS held)
+    SELECT taken - coalesce(sum(kept.held), 0),
+           coalesce(array_agg(kept.tid) FILTER (WHERE kept.lanes = 0), '{}')
+      INTO taken, emptied
+      FROM kept;
+    -- A rewritten row's old tuple id finds nothing now; its new one (emptied) finds it.
     DELETE FROM agent_action_lane_intake i
-     USING unnest(batch) AS b(seq)
-     WHERE i.seq = b.seq
+     USING unnest(tids || emptied) AS b(tid)
+     WHERE i.ctid = b.tid
        AND (i.lanes = 0
             OR (i.lane_keys IS NULL
                 AND NOT EXISTS (SELECT 1 FROM unnest(skipped) AS s(lane_key)
                                  WHERE s.lane_key = i.lane_key)));
     -- The single rows of the batch left are the held ones.
     RETURN taken - (SELECT count(*)::integer
-                      FROM unnest(batch) AS b(seq)
-                      JOIN agent_action_lane_intake i ON i.seq = b.seq
-                     WHERE i.lane_keys IS NULL);
+                      FROM unnest(tids) AS b(tid)
+                     CROSS JOIN LATERAL (
+                           SELECT 1 FROM agent_action_lane_intake i
+                            WHERE i.ctid = b.tid AND i.lane_keys IS NULL
+                           OFFSET 0) i);
 END;
 $$;
 
@@ -405,6 +430,7 @@ $$;
 
 CREATE FUNCTION outbox.agent_action_lane_refresh(p_lane text) RETURNS void
     LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     head record;
@@ -478,6 +504,7 @@ CREATE FUNCTION outbox.agent_action_lanes_moved() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'outbox'
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     keys text[];
@@ -519,18 +546,19 @@ BEGIN
         RETURN NULL;
     END IF;
 
-    -- The lane rows are locked first, in lane_key order, so two statements over the same lanes
-    -- never wait on each other in a cycle; each query after the lock sees what committed.
-    -- (Joined to unnest, not `= ANY (keys)`: that filter compared every lane row with every key.)
+    -- The lane rows are locked first, in lane_key order (the order of keys, which the probes
+    -- follow), so two statements over the same lanes never wait on each other in a cycle; each
+    -- query after the lock sees what committed.
     SELECT count(*) INTO locked
-      FROM (SELECT 1 FROM unnest(keys) AS k(lane_key)
-              JOIN agent_action_lane l ON l.lane_key = k.lane_key
-             ORDER BY l.lane_key
-               FOR UPDATE OF l) x;
+      FROM unnest(keys) AS k(lane_key)
+     CROSS JOIN LATERAL (
+           SELECT 1 FROM agent_action_lane l
+            WHERE l.lane_key = k.lane_key
+              FOR UPDATE OF l) x;
     IF locked < cardinality(keys) THEN
-        -- A lane without a row (0021: a finish's lane whose action ran alone, usually) gets one
-        -- only if an action of it waits: one probe of ix_agent_action_lane_waiting a lane.
-        -- Made as the fold makes one, then locked with the others.
+        -- A lane without a row (a finish's lane whose action ran alone, usually) gets one only
+        -- if an action of it waits: one probe of ix_agent_action_lane_waiting a lane. Made as
+        -- the fold makes one, then locked with the others.
         INSERT INTO agent_action_lane
             (lane_key, head_id, head_kind, head_due_at, head_priority, head_limit_key,
              executing_id)
@@ -546,17 +574,21 @@ BEGIN
                  WHERE a.lane_key = k.lane_key AND a.state IN ('PROPOSED', 'ADMITTED')
                  ORDER BY a.id
                  LIMIT 1) h ON true
-         WHERE NOT EXISTS (SELECT 1 FROM agent_action_lane l WHERE l.lane_key = k.lane_key)
+         -- OFFSET 0 keeps the test a probe a lane (not an anti-join over the lane table).
+         WHERE NOT EXISTS (SELECT 1 FROM agent_action_lane l WHERE l.lane_key = k.lane_key
+                           OFFSET 0)
          ORDER BY k.lane_key
         ON CONFLICT DO NOTHING;
         GET DIAGNOSTICS made = ROW_COUNT;
         IF locked = 0 AND made = 0 THEN
             RETURN NULL;
         END IF;
-        PERFORM 1 FROM unnest(keys) AS k(lane_key)
-          JOIN agent_action_lane l ON l.lane_key = k.lane_key
-         ORDER BY l.lane_key
-           FOR UPDATE OF l;
+        PERFORM 1
+           FROM unnest(keys) AS k(lane_key)
+          CROSS JOIN LATERAL (
+                SELECT 1 FROM agent_action_lane l
+                 WHERE l.lane_key = k.lane_key
+                   FOR UPDATE OF l) x;
     END IF;
 
     -- Each locked lane's head (its smallest waiting action) and executing action, as
@@ -565,13 +597,16 @@ BEGIN
     -- still without a row had nothing waiting a statement ago; what waits in it now is in the
     -- intake, for the next fold.
     WITH lane AS (
-        SELECT k.lane_key, h.id AS head_id, h.kind AS head_kind,
+        SELECT k.lane_key, r.tid, h.id AS head_id, h.kind AS head_kind,
                CASE WHEN h.state = 'ADMITTED' THEN h.available_at END AS head_due_at,
                coalesce(h.priority, 0) AS head_priority,
                coalesce(h.limit_key, '') AS head_limit_key,
                x.id AS executing_id
           FROM unnest(keys) AS k(lane_key)
-          JOIN agent_action_lane r ON r.lane_key = k.lane_key
+         CROSS JOIN LATERAL (
+               SELECT r.ctid AS tid FROM agent_action_lane r
+                WHERE r.lane_key = k.lane_key
+               OFFSET 0) r
           LEFT JOIN LATERAL (
                 SELECT a.id, a.kind, a.state, a.available_at, a.priority,
                        coalesce(a.limit_key, a.workspace_id, '') AS limit_key
@@ -586,7 +621,7 @@ BEGIN
     ), dropped AS (
         DELETE FROM agent_action_lane l
          USING lane
-         WHERE l.lane_key = lane.lane_key
+         WHERE l.ctid = lane.tid
            AND lane.head_id IS NULL
            AND (l.busy_until IS NULL OR l.busy_until <= now())
     ), held AS (
@@ -594,7 +629,7 @@ BEGIN
            SET head_id = NULL, head_kind = NULL, head_due_at = NULL,
                executing_id = lane.executing_id
           FROM lane
-         WHERE l.lane_key = lane.lane_key
+         WHERE l.ctid = lane.tid
            AND lane.head_id IS NULL
            AND l.busy_until > now()
     ), busy AS (
@@ -603,7 +638,7 @@ BEGIN
                head_due_at = lane.head_due_at, executing_id = lane.executing_id,
                head_priority = lane.head_priority, head_limit_key = lane.head_limit_key
           FROM lane
-         WHERE l.lane_key = lane.lane_key
+         WHERE l.ctid = lane.tid
            AND lane.executing_id IS NOT NULL AND lane.head_id IS NOT NULL
            AND (l.head_id, l.head_kind, l.head_due_at, l.executing_id, l.head_priority,
                 l.head_limit_key) IS DISTINCT FROM

@@ -164,6 +164,28 @@ def test_lanes_a_finish_holds_stay_in_their_row_for_the_next_fold(ob, conn, data
     assert lane_rows(conn, ob.schema) == expected_lanes(conn, ob.schema)
 
 
+def test_a_row_taken_whole_beside_a_held_lane_leaves(ob, conn, database_url):
+    """A fold that could not take every lane rewrites its rows (each keeps what it held back):
+    a row it took whole, none of its lanes held, is gone, not left with no lanes."""
+    lanes = [f"X{i}" for i in range(10)] + [f"Y{i}" for i in range(10)]
+    enqueue_many(conn, [request(lane, f"first-{lane}") for lane in lanes], schema=ob.schema)
+    conn.commit()
+    fold(conn, ob.schema, 100)  # every lane has its row now
+    for prefix in ("X", "Y"):
+        batch = [request(f"{prefix}{i}", f"next-{prefix}{i}") for i in range(10)]
+        enqueue_many(conn, batch, schema=ob.schema)
+        conn.commit()
+    with psycopg.connect(database_url) as finish:
+        finish.execute(
+            f"SELECT 1 FROM \"{ob.schema}\".agent_action_lane WHERE lane_key = 'Y3' FOR UPDATE"
+        )
+        assert fold(conn, ob.schema, 100) == 19
+        assert intake(conn, ob.schema) == [(None, ["Y3"], 1, 0)]
+    assert fold(conn, ob.schema, 100) == 1
+    assert intake(conn, ob.schema) == []
+    assert lane_rows(conn, ob.schema) == expected_lanes(conn, ob.schema)
+
+
 def test_a_held_lanes_single_rows_stay_and_count_as_not_taken(ob, conn, database_url):
     enqueue(conn, request("A", "a1"), schema=ob.schema)
     conn.commit()
