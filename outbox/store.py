@@ -364,11 +364,14 @@ class Store:
         key_caps: Mapping[str, int] | None = None,
     ) -> list[ClaimedAction]:
         """Claims; with ``take`` (an executor in this process runs what it claims) it takes at
-        once, without (a claimer that pushes) it leaves the take to a worker."""
+        once, without (a claimer that pushes) it leaves the take to a worker. The fold and the
+        claim run in one transaction: the fold's statement sets how the claim is planned
+        (``lane_intake``)."""
         op = claim_operation(
             self.schema, limits, lease, take=take, key_caps=key_caps, cursor=self.fair_cursor
         )
-        return await self.run(op)
+        async with self.connection() as conn, conn.transaction():
+            return await run_async(conn, op)
 
     async def take_attempt(self, token: FenceToken) -> ClaimedAction | None:
         """The executing action a message names, if its epoch still holds, at most once per

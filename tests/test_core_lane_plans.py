@@ -32,6 +32,7 @@ from outbox.config import Settings
 from outbox.dispatch.claim_guard import guard_statement
 from outbox.dispatch.claimer import bounded_claim_operation
 from outbox.dispatch.consumption import ConsumptionWatch
+from outbox.store import claim_operation
 from tests.support import ScriptedAdapter, expected_lanes
 
 NOTE = ActionKind("NOTE")
@@ -219,4 +220,37 @@ def test_a_fold_visits_a_few_rows_a_lane_however_many_lanes_wait(
     conn.commit()
     with explained(conn) as plans:
         assert _fold(conn, schema, 1_000) == BATCH
+    _assert_linear(plans, BATCH)
+
+
+def test_an_in_process_claim_visits_a_few_rows_a_lane_however_many_lanes_wait(
+    ob, conn, database_url
+):
+    """The in-process executor's claim (the fold, then the claim that is also the take, in one
+    transaction), planned while the lane table looked empty."""
+    schema = ob.schema
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    conn.commit()
+
+    def claim(n: int) -> list[int]:
+        operation = claim_operation(schema, {NOTE.name: n}, LEASE, take=True)
+        claimed = run_sync(conn, operation)
+        conn.commit()
+        return [c.action.id for c in claimed]
+
+    enqueue_many(conn, _lanes(BATCH, "churn", 1), schema=schema)
+    conn.commit()
+    _end(conn, schema, claim(BATCH))
+    conn.execute(f'ANALYZE "{schema}".agent_action_lane, "{schema}".agent_action_lane_intake')
+    enqueue_many(conn, _lanes(1, "warm", 24), schema=schema)
+    conn.commit()
+    for _ in range(24):
+        _end(conn, schema, claim(BATCH))
+    enqueue_many(conn, _lanes(BACKLOG, "backlog", 2), schema=schema)
+    conn.commit()
+    with psycopg.connect(database_url) as other:
+        assert _fold(other, schema, 10 * BACKLOG) == BACKLOG
+    with explained(conn) as plans:
+        claimed = claim(BATCH)
+    assert len(claimed) == BATCH
     _assert_linear(plans, BATCH)

@@ -129,13 +129,22 @@ RETURNING *, false AS created
 -- erasures left) into the lane rows, before a claim reads them (function in migration 0015).
 -- Never waits on a lane row; returns how many lanes it took, and the kinds an operator paused (read
 -- here, in a statement every claim runs anyway, so a pause costs the claim nothing).
--- It commits without waiting for its WAL flush (an in-process claim runs it on its own; a claim
--- round's transaction already does): a fold that a server crash loses leaves the intake rows
--- where they were, and the next claim folds them again.
+-- It commits without waiting for its WAL flush (a claim round's transaction already does): a
+-- fold that a server crash loses leaves the intake rows where they were, and the next claim
+-- folds them again.
+-- The in-process executor's claim runs it first in the claim's transaction, and the claim after
+-- it is planned without sequential scans and never compiled (enable_seqscan and jit off, to the
+-- transaction's end): the claim is prepared once a session, and a plan made while the lane
+-- table had a page or two scanned the whole table for each limit key its walk probed, however
+-- many lanes waited by then (every statement of a claim has an index to go by; a round's
+-- statements take milliseconds, and a plan costly enough for JIT would spend most of a second
+-- compiling).
 SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
        (SELECT coalesce(array_agg(p.kind), '{}') FROM {schema}.agent_action_kind_pause p)
            AS paused
- WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
+ WHERE (SELECT set_config('synchronous_commit', 'off', true)
+               || set_config('enable_seqscan', 'off', true)
+               || set_config('jit', 'off', true)) IS NOT NULL
 
 -- name: claim_heads
 -- Due, idle lane heads of one kind become EXECUTING under a lease: the epoch rises, the
@@ -177,8 +186,9 @@ WITH RECURSIVE expired AS (
        AND a.lease_until <= now()
        AND a.kind = %(kind)s
        AND (a.taken_epoch IS DISTINCT FROM a.epoch OR a.attempt < a.max_attempts)
-       AND (a.write_started_at IS NULL OR a.kind IN (
-                SELECT k.name FROM {schema}.agent_action_kind k WHERE NOT k.at_most_once))
+       AND (a.write_started_at IS NULL OR EXISTS (
+                SELECT 1 FROM {schema}.agent_action_kind k
+                 WHERE k.name = a.kind AND NOT k.at_most_once))  -- a probe of the kind's row
      ORDER BY a.lease_until
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
