@@ -27,13 +27,15 @@ import psycopg
 import pytest
 
 from outbox import ActionKind, ActionRequest, enqueue_many
-from outbox._io import run_sync
+from outbox._io import Statement, run_sync
 from outbox.config import Settings
 from outbox.dispatch.claim_guard import guard_statement
 from outbox.dispatch.claimer import bounded_claim_operation
 from outbox.dispatch.consumption import ConsumptionWatch
-from outbox.store import claim_operation
+from outbox.queries import queries_for
+from outbox.store import claim_heads_statement, claim_operation
 from tests.support import ScriptedAdapter, expected_lanes
+from tests.test_core_batch_plans import _nodes, generic_plan
 
 NOTE = ActionKind("NOTE")
 LEASE = timedelta(minutes=5)
@@ -254,3 +256,43 @@ def test_an_in_process_claim_visits_a_few_rows_a_lane_however_many_lanes_wait(
         claimed = claim(BATCH)
     assert len(claimed) == BATCH
     _assert_linear(plans, BATCH)
+
+
+@pytest.mark.parametrize("opening", ["claim_round_guard", "lane_intake"])
+def test_a_claims_generic_plan_made_over_a_lane_table_analyzed_empty_scans_no_table(
+    ob, conn, opening
+):
+    """The plan a prepared claim keeps, made when the lane table had a page and no rows: in a
+    claimer's round (opened by its guard) and in an in-process claim (opened by the fold), it
+    reaches the lane table through its indexes alone."""
+    schema = ob.schema
+    enqueue_many(conn, _lanes(BATCH, "churn", 1), schema=schema)
+    conn.commit()
+    claimed = run_sync(conn, claim_operation(schema, {NOTE.name: BATCH}, LEASE, take=True))
+    conn.commit()
+    _end(conn, schema, [c.action.id for c in claimed])
+    _fold(conn, schema, 1_000)
+    conn.execute(f'ANALYZE "{schema}".agent_action_lane')
+    (pages, rows) = conn.execute(
+        "SELECT relpages, reltuples FROM pg_class WHERE oid = %s::regclass",
+        (f'"{schema}".agent_action_lane',),
+    ).fetchone()
+    assert pages >= 1 and rows == 0
+    conn.commit()
+    first = {
+        "claim_round_guard": guard_statement(schema, Settings()),
+        "lane_intake": Statement(queries_for(schema)["lane_intake"], {"limit": 1_000}),
+    }[opening]
+    conn.execute(first.sql, first.params)
+    claim = claim_heads_statement(
+        queries_for(schema),
+        {"kind": NOTE.name, "limit": BATCH, "lease": LEASE, "take": opening == "lane_intake"},
+        BATCH,
+        None,
+        {},
+    )
+    plan = generic_plan(conn, claim.sql, dict(claim.params or {}))
+    conn.rollback()
+    scans = [node.get("Relation Name") for node in _nodes(plan, "Seq Scan")]
+    assert scans == [], json.dumps(plan, indent=1)
+    assert plan["Total Cost"] < 1e9

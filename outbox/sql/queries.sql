@@ -467,10 +467,18 @@ BEGIN
 -- same next epoch, and a message pushed for the lost claim is one more delivery of that epoch,
 -- which the take admits once), and anything a worker commits about the claim (its take, a
 -- synchronous commit) flushes the WAL up to and past it.
+-- The round's statements are planned without sequential scans and never compiled
+-- (enable_seqscan and jit off), as an in-process claim's (lane_intake): the claim is prepared
+-- once a session, and its generic plan made while the lane table had a page and no rows (an
+-- ANALYZE in a quiet moment) scans the whole table in five places, however many lanes wait by
+-- the time it runs. Every round opens with this statement, so every plan of its claims is made
+-- under it.
 SELECT set_config('lock_timeout', %(lock_timeout)s, true),
        set_config('statement_timeout', %(statement_timeout)s, true),
        set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, true),
        set_config('synchronous_commit', 'off', true),
+       set_config('enable_seqscan', 'off', true),
+       set_config('jit', 'off', true),
        pg_advisory_xact_lock(2830, hashtext(%(schema)s)) IS NULL AS locked
 
 -- name: claim_round_state
