@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import threading
 import time
 from collections import defaultdict
@@ -125,3 +127,49 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, step: float
             return True
         time.sleep(step)
     return predicate()
+
+
+#: psycopg's named placeholders, ``%(name)s``.
+_PARAM = re.compile(r"%\((\w+)\)s")
+
+
+def _positional(sql: str) -> tuple[str, list[str]]:
+    """``sql`` with psycopg's ``%(name)s`` as ``$1``, ``$2``... and the names in that order."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    return _PARAM.sub(number, sql), names
+
+
+def plan_nodes(node: dict[str, Any], node_type: str) -> list[dict[str, Any]]:
+    """The plan's nodes of one type, at any depth."""
+    own = [node] if node["Node Type"] == node_type else []
+    return own + [n for child in node.get("Plans", []) for n in plan_nodes(child, node_type)]
+
+
+def generic_plan(
+    conn: psycopg.Connection[Any],
+    sql: str,
+    params: dict[str, Any],
+    mode: str = "force_generic_plan",
+) -> dict:
+    """EXPLAIN ANALYZE of ``sql``'s generic plan with ``params``, rolled back; with ``mode``
+    ``force_custom_plan``, of the plan made for these values (a statement's first runs on a
+    connection, before psycopg prepares it and PostgreSQL settles on a generic plan)."""
+    positional, names = _positional(sql)
+    with conn.transaction(force_rollback=True):
+        conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+        conn.execute(f"PREPARE batched AS {positional}")
+        args = ", ".join(f"%({name})s" for name in names)
+        # The values inlined by the client: EXECUTE's arguments take no server-side parameters.
+        (plan,) = (
+            psycopg.ClientCursor(conn)
+            .execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE batched({args})", params)
+            .fetchone()
+        )
+        conn.execute("DEALLOCATE batched")
+    return (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]

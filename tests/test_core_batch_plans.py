@@ -13,7 +13,6 @@ visited, filtered out or compared (EXPLAIN ANALYZE): never a timing.
 from __future__ import annotations
 
 import json
-import re
 from datetime import timedelta
 from typing import Any
 
@@ -26,6 +25,7 @@ from outbox.batching import MAX_BATCH
 from outbox.enqueuing import enqueue_many_operation
 from outbox.queries import queries_for
 from outbox.store import claim_operation
+from tests.support import generic_plan, plan_nodes
 
 NOTE = ActionKind("NOTE")
 LEASE = timedelta(minutes=5)
@@ -34,19 +34,6 @@ LEASE = timedelta(minutes=5)
 PER_ROW = 12
 #: Rows a plan may touch once a statement, whatever the batch (an InitPlan's row).
 PER_STATEMENT = 8
-_PARAM = re.compile(r"%\((\w+)\)s")
-
-
-def _positional(sql: str) -> tuple[str, list[str]]:
-    """``sql`` with psycopg's ``%(name)s`` as ``$1``, ``$2``... and the names in that order."""
-    names: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match.group(1) not in names:
-            names.append(match.group(1))
-        return f"${names.index(match.group(1)) + 1}"
-
-    return _PARAM.sub(number, sql), names
 
 
 def _visited(node: dict[str, Any]) -> int:
@@ -60,12 +47,6 @@ def _visited(node: dict[str, Any]) -> int:
     return own + sum(_visited(child) for child in node.get("Plans", []))
 
 
-def _nodes(node: dict[str, Any], node_type: str) -> list[dict[str, Any]]:
-    """The plan's nodes of one type, at any depth."""
-    own = [node] if node["Node Type"] == node_type else []
-    return own + [n for child in node.get("Plans", []) for n in _nodes(child, node_type)]
-
-
 def _action_probes(node: dict[str, Any]) -> int:
     """How many times the plan looked up agent_action by an index, over all loops."""
     own = 0
@@ -76,30 +57,6 @@ def _action_probes(node: dict[str, Any]) -> int:
     ):
         own = node.get("Actual Loops", 1)
     return own + sum(_action_probes(child) for child in node.get("Plans", []))
-
-
-def generic_plan(
-    conn: psycopg.Connection[Any],
-    sql: str,
-    params: dict[str, Any],
-    mode: str = "force_generic_plan",
-) -> dict:
-    """EXPLAIN ANALYZE of ``sql``'s generic plan with ``params``, rolled back; with ``mode``
-    ``force_custom_plan``, of the plan made for these values (a statement's first runs on a
-    connection, before psycopg prepares it and PostgreSQL settles on a generic plan)."""
-    positional, names = _positional(sql)
-    with conn.transaction(force_rollback=True):
-        conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
-        conn.execute(f"PREPARE batched AS {positional}")
-        args = ", ".join(f"%({name})s" for name in names)
-        # The values inlined by the client: EXECUTE's arguments take no server-side parameters.
-        (plan,) = (
-            psycopg.ClientCursor(conn)
-            .execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE batched({args})", params)
-            .fetchone()
-        )
-        conn.execute("DEALLOCATE batched")
-    return (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
 
 
 def _request(i: int) -> ActionRequest:
@@ -254,7 +211,7 @@ def test_enqueue_many_visits_a_request_a_few_times(make_outbox, database_url, sc
         # The statement enqueue_many sends first, with its parameters, as the operation makes it.
         statement = next(enqueue_many_operation(schema, requests))
         plan = generic_plan(conn, statement.sql, dict(statement.params or {}))
-    [insert] = _nodes(plan, "ModifyTable")
+    [insert] = plan_nodes(plan, "ModifyTable")
     assert insert["Actual Rows"] == n // 2, plan
     assert _visited(plan) <= PER_ROW * n + PER_STATEMENT, json.dumps(plan, indent=1)
 

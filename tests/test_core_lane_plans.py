@@ -34,8 +34,7 @@ from outbox.dispatch.claimer import bounded_claim_operation
 from outbox.dispatch.consumption import ConsumptionWatch
 from outbox.queries import queries_for
 from outbox.store import claim_heads_statement, claim_operation
-from tests.support import ScriptedAdapter, expected_lanes
-from tests.test_core_batch_plans import _nodes, generic_plan
+from tests.support import ScriptedAdapter, expected_lanes, generic_plan, plan_nodes
 
 NOTE = ActionKind("NOTE")
 LEASE = timedelta(minutes=5)
@@ -293,6 +292,6 @@ def test_a_claims_generic_plan_made_over_a_lane_table_analyzed_empty_scans_no_ta
     )
     plan = generic_plan(conn, claim.sql, dict(claim.params or {}))
     conn.rollback()
-    scans = [node.get("Relation Name") for node in _nodes(plan, "Seq Scan")]
+    scans = [node.get("Relation Name") for node in plan_nodes(plan, "Seq Scan")]
     assert scans == [], json.dumps(plan, indent=1)
     assert plan["Total Cost"] < 1e9
