@@ -351,9 +351,14 @@ class Store:
         finally:
             held_connections.reset(token)
 
-    async def run(self, op: Operation[T]) -> T:
+    async def run(self, op: Operation[T], *, transaction: bool = False) -> T:
+        """Runs ``op`` on a pooled connection: each statement on its own (autocommit), or, with
+        ``transaction``, all of them in one transaction."""
         async with self.connection() as conn:
-            return await run_async(conn, op)
+            if not transaction:
+                return await run_async(conn, op)
+            async with conn.transaction():
+                return await run_async(conn, op)
 
     async def claim(
         self,
@@ -370,8 +375,7 @@ class Store:
         op = claim_operation(
             self.schema, limits, lease, take=take, key_caps=key_caps, cursor=self.fair_cursor
         )
-        async with self.connection() as conn, conn.transaction():
-            return await run_async(conn, op)
+        return await self.run(op, transaction=True)
 
     async def take_attempt(self, token: FenceToken) -> ClaimedAction | None:
         """The executing action a message names, if its epoch still holds, at most once per
