@@ -27,6 +27,8 @@ SCENARIOS: dict[str, str] = {
     "e2e": "benchmarks.e2e",
     "celery-raw": "benchmarks.celery_raw",
     "e2e-celery": "benchmarks.e2e:run_celery",
+    # The Dramatiq scenarios on RabbitMQ, against raw Dramatiq on the same RabbitMQ.
+    "rabbitmq": "benchmarks.rabbitmq",
     "latency": "benchmarks.latency",
     "hot-lane": "benchmarks.hot_lane",
     "wal": "benchmarks.wal",

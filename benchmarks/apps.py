@@ -11,6 +11,9 @@
   never get an action.
 - ``benchmarks.apps:raw_broker``: the same broker with one plain Dramatiq actor and no outbox,
   the ceiling of the e2e scenario.
+
+Whatever the broker (``OUTBOX_BROKER_URL``: Redis, or RabbitMQ in the ``rabbitmq`` scenarios),
+what a scenario reads back is recorded on the benchmarks' Redis (``REDIS_URL``).
 """
 
 from __future__ import annotations
@@ -38,8 +41,14 @@ CALLS_KEY = f"bench:{RUN_ID}:calls"
 DRAMATIQ_LIMITER_RETRY = timedelta(milliseconds=50)
 RAW_DONE_KEY = f"bench:{RUN_ID}:raw:done"
 RAW_LATENCY_KEY = f"bench:{RUN_ID}:raw:latency"
-#: The raw actor's queue (the outbox's is ``NOOP.queue_name``).
-RAW_QUEUE = f"bench.raw.{RUN_ID}"
+
+
+def raw_queue(run_id: str) -> str:
+    """A run's raw actor queue (the outbox's is its no-op kind's ``queue_name``)."""
+    return f"bench.raw.{run_id}"
+
+
+RAW_QUEUE = raw_queue(RUN_ID)
 #: The outbox's actors run under a time limit of one lease; the raw actor gets the same.
 TIME_LIMIT_MS = 5 * 60 * 1000
 
@@ -56,14 +65,12 @@ class NoopAdapter:
 
     def __init__(
         self,
-        redis_url: str | None,
         *,
         record_starts: bool = False,
         record_calls: bool = False,
         dramatiq_limiter: Any = None,
         provider_seconds: float = 0.0,
     ) -> None:
-        self._redis_url = redis_url
         self._client: redis.asyncio.Redis | None = None
         self.record_starts = record_starts
         self.record_calls = record_calls
@@ -72,7 +79,7 @@ class NoopAdapter:
 
     def _redis(self) -> redis.asyncio.Redis:
         if self._client is None:
-            self._client = redis.asyncio.Redis.from_url(self._redis_url or REDIS_URL)
+            self._client = redis.asyncio.Redis.from_url(REDIS_URL)
         return self._client
 
     async def execute(self, attempt: ActionAttempt) -> Result:
@@ -105,7 +112,7 @@ def _dramatiq_limiter() -> Any:
     from dramatiq.rate_limits import WindowRateLimiter
     from dramatiq.rate_limits.backends import RedisBackend
 
-    backend = RedisBackend(url=os.environ.get("OUTBOX_BROKER_URL", REDIS_URL))
+    backend = RedisBackend(url=REDIS_URL)
     limit = int(spec.split(":", 1)[1])
     return WindowRateLimiter(backend, f"bench:{RUN_ID}:window", limit=limit, window=1)
 
@@ -115,7 +122,6 @@ def outbox_app() -> Outbox:
     """The outbox the claimer and the workers load (``OUTBOX_*`` settings from the scenario)."""
     outbox = Outbox()
     adapter = NoopAdapter(
-        outbox.settings.broker_url,
         record_starts=os.environ.get("BENCH_RECORD_STARTS") == "1",
         record_calls=os.environ.get("BENCH_RECORD_CALLS") == "1",
         dramatiq_limiter=_dramatiq_limiter(),
@@ -137,7 +143,7 @@ def idle_kinds() -> list[ActionKind]:
 
 @cache
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ.get("OUTBOX_BROKER_URL", REDIS_URL))
+    return redis.Redis.from_url(REDIS_URL)
 
 
 def raw_noop(sent_at: float | None = None) -> None:
@@ -149,12 +155,20 @@ def raw_noop(sent_at: float | None = None) -> None:
     client.incr(RAW_DONE_KEY)
 
 
-@cache
 def raw_broker() -> Broker:
-    """``dramatiq benchmarks.apps:raw_broker``: the broker from ``OUTBOX_BROKER_URL`` with
-    Dramatiq's default middleware (as the outbox's) and the one raw actor."""
-    broker = broker_from_url(os.environ.get("OUTBOX_BROKER_URL", REDIS_URL))
+    """``dramatiq benchmarks.apps:raw_broker``: the broker from ``OUTBOX_BROKER_URL`` (the
+    benchmarks' Redis by default) with Dramatiq's default middleware (as the outbox's) and the
+    one raw actor."""
+    broker = raw_broker_at(os.environ.get("OUTBOX_BROKER_URL", REDIS_URL))
     dramatiq.set_broker(broker)
+    return broker
+
+
+@cache
+def raw_broker_at(url: str) -> Broker:
+    """The raw actor's broker at ``url``, built as the outbox builds its own
+    (``broker_from_url``: on RabbitMQ, with confirmed delivery), once a process."""
+    broker = broker_from_url(url)
     dramatiq.actor(
         raw_noop,
         actor_name="bench_raw_noop",

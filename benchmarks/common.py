@@ -19,8 +19,11 @@ from outbox import ActionKind, Outbox
 DATABASE_URL = os.environ.get(
     "OUTBOX_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
-#: Redis DB 14 is the benchmarks'; each run uses keys and queues of its own there.
+#: Redis DB 14 is the benchmarks'; each run uses keys and queues of its own there. The
+#: scenarios record what they read back (adapter starts, counts) here whatever the broker.
 REDIS_URL = os.environ.get("OUTBOX_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+#: The RabbitMQ of the ``rabbitmq`` scenarios; each run declares queues of its own there.
+AMQP_URL = os.environ.get("OUTBOX_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 
 #: Names this run's schemas, kind, queues and Redis keys, so that runs at the same time (a CI
 #: job's smoke test next to a developer's run) never see, flush or drop each other's.
@@ -28,8 +31,14 @@ RUN_ID = os.environ.setdefault("OUTBOX_BENCH_RUN_ID", f"r{os.getpid()}")
 if not re.fullmatch(r"[a-z0-9_]{1,20}", RUN_ID):
     raise ValueError(f"OUTBOX_BENCH_RUN_ID {RUN_ID!r}: 1-20 of a-z, 0-9, _")
 
-#: The no-op kind every throughput scenario runs (read-back: nothing refuses a reclaim).
-NOOP = ActionKind(f"BENCH_NOOP_{RUN_ID.upper()}")
+
+def noop_kind(run_id: str) -> ActionKind:
+    """A run's no-op kind (read-back: nothing refuses a reclaim)."""
+    return ActionKind(f"BENCH_NOOP_{run_id.upper()}")
+
+
+#: The no-op kind every throughput scenario of this run runs.
+NOOP = noop_kind(RUN_ID)
 
 
 @dataclass

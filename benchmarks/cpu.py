@@ -77,20 +77,23 @@ def used_between(then: dict[int, float], now: dict[int, float]) -> float:
 
 #: The services every broker scenario shares the two cores with, by command name.
 SERVICES = {"postgres": "postgres", "redis": "redis-server"}
+#: The same with RabbitMQ (its Erlang VM), for the scenarios whose broker it is.
+RABBITMQ_SERVICES = {**SERVICES, "rabbitmq": "beam.smp"}
 
 
 class CpuMeter:
-    """CPU seconds of some process trees, and of the local services, between ``start()`` and
-    ``stop()``."""
+    """CPU seconds of some process trees, and of the local services (``SERVICES`` unless
+    ``services`` names others), between ``start()`` and ``stop()``."""
 
-    def __init__(self, **roots: int) -> None:
+    def __init__(self, services: dict[str, str] | None = None, **roots: int) -> None:
         self.roots = roots
+        self.services = SERVICES if services is None else services
         self._start: dict[str, dict[int, float] | None] = {}
         self.used: dict[str, float | None] = {}
 
     def _read(self) -> dict[str, dict[int, float] | None]:
         seconds = {name: tree_cpu_seconds(pid) for name, pid in self.roots.items()}
-        seconds.update({name: named_cpu_seconds(cmd) for name, cmd in SERVICES.items()})
+        seconds.update({name: named_cpu_seconds(cmd) for name, cmd in self.services.items()})
         return seconds
 
     def start(self) -> None:

@@ -2,7 +2,8 @@
 without the outbox: the ceiling of ``e2e`` (and, paced at 100/s, of ``latency``).
 
 The clock runs from the first send until the last actor counted itself done (a Redis INCR,
-the raw actor's only work). Measured once per run and shared with the scenarios it bounds.
+the raw actor's only work). Measured once per run and broker (Redis; RabbitMQ for the
+``rabbitmq`` scenarios) and shared with the scenarios it bounds.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import redis
 
 from benchmarks import apps
 from benchmarks.common import REDIS_URL, Result, Scale, ms, percentile
-from benchmarks.cpu import CpuMeter
+from benchmarks.cpu import RABBITMQ_SERVICES, SERVICES, CpuMeter
 from benchmarks.rig import (
     IDLE_SETTLE,
     IN_FLIGHT,
@@ -40,7 +41,17 @@ class RawCeiling:
     cpu_ms: dict[str, float | None]
 
 
-_measured: dict[Scale, RawCeiling] = {}
+_measured: dict[tuple[Scale, str], RawCeiling] = {}
+
+
+def broker_settings(broker_url: str) -> dict[str, str]:
+    """A rig's settings for its pools to use ``broker_url`` (none for the benchmarks' Redis)."""
+    return {} if broker_url == REDIS_URL else {"OUTBOX_BROKER_URL": broker_url}
+
+
+def services_for(broker_url: str) -> dict[str, str]:
+    """The services whose CPU a scenario on ``broker_url`` counts: RabbitMQ's too on it."""
+    return SERVICES if broker_url == REDIS_URL else RABBITMQ_SERVICES
 
 
 @dataclass(frozen=True)
@@ -49,14 +60,15 @@ class RawThroughput:
     cpu_ms: dict[str, float | None]
 
 
-def throughput(n: int) -> RawThroughput:
-    """``n`` messages sent one by one through a fresh raw pool, as fast as the pool takes them:
-    messages/s from the first send until the last actor counted itself done."""
-    actor = apps.raw_broker().get_actor("bench_raw_noop")
-    with rig("raw") as r:
+def throughput(n: int, broker_url: str = REDIS_URL) -> RawThroughput:
+    """``n`` messages sent one by one through a fresh raw pool on ``broker_url``, as fast as the
+    pool takes them: messages/s from the first send until the last actor counted itself done."""
+    actor = apps.raw_broker_at(broker_url).get_actor("bench_raw_noop")
+    with rig("raw", **broker_settings(broker_url)) as r:
         client = redis.Redis.from_url(REDIS_URL)
         r.stack.callback(client.close)
-        cpu = CpuMeter(workers=r.raw_workers().pid, sender=os.getpid())
+        workers = r.raw_workers().pid
+        cpu = CpuMeter(services_for(broker_url), workers=workers, sender=os.getpid())
         cpu.start()
         started = time.perf_counter()
         for _ in range(n):
@@ -72,15 +84,15 @@ def raw_n(scale: Scale) -> int:
     return scale.n(6_000, 30_000, floor=50)
 
 
-def measure(scale: Scale) -> RawCeiling:
-    """Runs the raw pool once per run (later calls return the same numbers)."""
-    if scale in _measured:
-        return _measured[scale]
+def measure(scale: Scale, broker_url: str = REDIS_URL) -> RawCeiling:
+    """Runs the raw pool once per run and broker (later calls return the same numbers)."""
+    if (scale, broker_url) in _measured:
+        return _measured[scale, broker_url]
     n = raw_n(scale)
     paced_n = scale.n(300, 3_000, floor=20)
-    ceiling = throughput(n)
-    actor = apps.raw_broker().get_actor("bench_raw_noop")
-    with rig("raw") as r:
+    ceiling = throughput(n, broker_url)
+    actor = apps.raw_broker_at(broker_url).get_actor("bench_raw_noop")
+    with rig("raw", **broker_settings(broker_url)) as r:
         client = redis.Redis.from_url(REDIS_URL)
         r.stack.callback(client.close)
         r.raw_workers()
@@ -89,28 +101,30 @@ def measure(scale: Scale) -> RawCeiling:
             actor.send(time.time())
         wait_until(lambda: int(client.get(apps.RAW_DONE_KEY) or 0) >= paced_n, 60, "paced")
         latencies = [float(v) for v in client.lrange(apps.RAW_LATENCY_KEY, 0, -1)]
-    _measured[scale] = RawCeiling(n, ceiling.per_s, paced_n, latencies, ceiling.cpu_ms)
-    return _measured[scale]
+    _measured[scale, broker_url] = RawCeiling(n, ceiling.per_s, paced_n, latencies, ceiling.cpu_ms)
+    return _measured[scale, broker_url]
 
 
 def run(scale: Scale) -> list[Result]:
-    raw = measure(scale)
-    return [
-        Result(
-            scenario="dramatiq-raw",
-            n=raw.n,
-            actions_per_s=round(raw.per_s, 1),
-            p50_ms=ms(percentile(raw.latencies, 50)),
-            p99_ms=ms(percentile(raw.latencies, 99)),
-            ratio=1.0,
-            ratio_to="dramatiq-raw",
-            extra={
-                "processes": PROCESSES,
-                "threads": THREADS,
-                "in_flight": IN_FLIGHT,
-                "worker_timeout_ms": WORKER_TIMEOUT_MS,
-                **raw.cpu_ms,
-                "latency_is": f"send to actor start, {raw.latency_n} messages at {PACE:.0f}/s",
-            },
-        )
-    ]
+    return [result(measure(scale), "dramatiq-raw")]
+
+
+def result(raw: RawCeiling, scenario: str) -> Result:
+    """The raw pool's row: its throughput, and its paced latency as p50/p99."""
+    return Result(
+        scenario=scenario,
+        n=raw.n,
+        actions_per_s=round(raw.per_s, 1),
+        p50_ms=ms(percentile(raw.latencies, 50)),
+        p99_ms=ms(percentile(raw.latencies, 99)),
+        ratio=1.0,
+        ratio_to=scenario,
+        extra={
+            "processes": PROCESSES,
+            "threads": THREADS,
+            "in_flight": IN_FLIGHT,
+            "worker_timeout_ms": WORKER_TIMEOUT_MS,
+            **raw.cpu_ms,
+            "latency_is": f"send to actor start, {raw.latency_n} messages at {PACE:.0f}/s",
+        },
+    )

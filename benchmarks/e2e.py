@@ -27,6 +27,7 @@ from benchmarks import dramatiq_raw
 from benchmarks.common import (
     DATABASE_URL,
     NOOP,
+    REDIS_URL,
     Result,
     Scale,
     bench_schema,
@@ -78,16 +79,26 @@ def _enqueue(outbox: Outbox, n: int, many: bool) -> None:
             conn.commit()
 
 
-def run_once(n: int, ceiling_per_s: float, *, many: bool, fabric: str = "dramatiq") -> Run:
-    """Enqueues ``n`` actions into a fresh schema while a claimer and a worker pool run them."""
-    with bench_schema("e2e") as schema, rig(schema, OUTBOX_FABRIC=fabric) as r:
+def run_once(
+    n: int,
+    ceiling_per_s: float,
+    *,
+    many: bool,
+    fabric: str = "dramatiq",
+    broker_url: str = REDIS_URL,
+) -> Run:
+    """Enqueues ``n`` actions into a fresh schema while a claimer and a worker pool run them
+    (Dramatiq's on ``broker_url``, or Celery's)."""
+    settings = {"OUTBOX_FABRIC": fabric, **dramatiq_raw.broker_settings(broker_url)}
+    with bench_schema("e2e") as schema, rig(schema, **settings) as r:
         outbox = migrated_outbox(schema)
         if fabric == "celery":
             pids = r.outbox_celery_workers(NOOP.queue_name)
             workers = {f"workers{i}": pid for i, pid in enumerate(pids)}
         else:
             workers = {"workers": r.outbox_workers().pid}
-        cpu = CpuMeter(claimer=r.claimer().pid, enqueuer=os.getpid(), **workers)
+        services = dramatiq_raw.services_for(broker_url)
+        cpu = CpuMeter(services, claimer=r.claimer().pid, enqueuer=os.getpid(), **workers)
         with psycopg.connect(DATABASE_URL, autocommit=True) as watch:
             table = f'"{schema}".agent_action'
 
@@ -124,7 +135,7 @@ def run_once(n: int, ceiling_per_s: float, *, many: bool, fabric: str = "dramati
     )
 
 
-def _result(scenario: str, runs: list[Run], enqueue: str, ratio_to: str = "dramatiq-raw") -> Result:
+def result(scenario: str, runs: list[Run], enqueue: str, ratio_to: str = "dramatiq-raw") -> Result:
     ratios = [run.ratio for run in runs]
     median = sorted(runs, key=lambda run: run.ratio)[len(runs) // 2]
     return Result(
@@ -162,8 +173,8 @@ def run(scale: Scale) -> list[Result]:
         for _ in range(scale.n(*SINGLE_ROUNDS))
     ]
     return [
-        _result("e2e", runs, f"enqueue_many, {PER_TX} a transaction"),
-        _result("e2e-single", singles, f"enqueue one by one, {PER_TX} a transaction"),
+        result("e2e", runs, f"enqueue_many, {PER_TX} a transaction"),
+        result("e2e-single", singles, f"enqueue one by one, {PER_TX} a transaction"),
     ]
 
 
@@ -177,4 +188,4 @@ def run_celery(scale: Scale) -> list[Result]:
     for index in range(scale.n(*ROUNDS)):
         ceiling = raw.per_s if index == 0 else celery_raw.throughput(n).per_s
         runs.append(run_once(n, ceiling, many=True, fabric="celery"))
-    return [_result("e2e-celery", runs, f"enqueue_many, {PER_TX} a transaction", "celery-raw")]
+    return [result("e2e-celery", runs, f"enqueue_many, {PER_TX} a transaction", "celery-raw")]

@@ -41,15 +41,15 @@ KINDS = 8
 def run(scale: Scale) -> list[Result]:
     raw = dramatiq_raw.measure(scale)
     n = scale.n(300, 3_000, floor=20)
-    results = [_result("latency", *_latencies(n, "latency"), raw.latencies)]
+    results = [result("latency", *latencies_of(n, "latency"), raw.latencies)]
     idle = {"BENCH_IDLE_KINDS": str(KINDS - 1)}
     results.append(
-        _result(f"latency-{KINDS}-kinds", *_latencies(n, "latency8", **idle), raw.latencies)
+        result(f"latency-{KINDS}-kinds", *latencies_of(n, "latency8", **idle), raw.latencies)
     )
     return results
 
 
-def _latencies(n: int, name: str, **settings: str) -> tuple[list[float], dict[str, Any]]:
+def latencies_of(n: int, name: str, **settings: str) -> tuple[list[float], dict[str, Any]]:
     """Enqueue commit -> adapter start of ``n`` actions at ``dramatiq_raw.PACE`` to an idle
     pool whose claimer and workers run with ``settings`` in their environment, and the CPU ms
     an action of each process and service meanwhile (what an action costs at a modest pace,
@@ -67,7 +67,8 @@ def _latencies(n: int, name: str, **settings: str) -> tuple[list[float], dict[st
             outbox.migrate()
             client = redis.Redis.from_url(REDIS_URL)
             r.stack.callback(client.close)
-            cpu = CpuMeter(enqueuer=os.getpid(), **r.idle_outbox())
+            services = dramatiq_raw.services_for(settings.get("OUTBOX_BROKER_URL", REDIS_URL))
+            cpu = CpuMeter(services, enqueuer=os.getpid(), **r.idle_outbox())
             options = server_time.session_options(schema, tracked)
             with psycopg.connect(DATABASE_URL, **options) as conn:
                 cpu.start()
@@ -120,11 +121,12 @@ def _phases(
 PHASES = ("commit_to_claim_p50_ms", "claim_to_take_p50_ms", "take_to_start_p50_ms")
 
 
-def _result(
+def result(
     scenario: str,
     latencies: list[float],
     cpu_ms: dict[str, Any],
     raw_latencies: list[float],
+    ratio_to: str = "dramatiq-raw-latency-p50",
 ) -> Result:
     p50, raw_p50 = percentile(latencies, 50), percentile(raw_latencies, 50)
     return Result(
@@ -134,12 +136,12 @@ def _result(
         p50_ms=ms(p50),
         p99_ms=ms(percentile(latencies, 99)),
         ratio=round(p50 / raw_p50, 3) if raw_p50 > 0 else None,
-        ratio_to="dramatiq-raw-latency-p50",
+        ratio_to=ratio_to,
         extra={
             "ceiling_p50_ms": ms(raw_p50),
             "ceiling_p99_ms": ms(percentile(raw_latencies, 99)),
             "max_ms": ms(max(latencies)),
-            "kinds_served": KINDS if scenario != "latency" else 1,
+            "kinds_served": KINDS if scenario.startswith(f"latency-{KINDS}") else 1,
             "latency_is": "enqueue commit returned -> adapter start",
             **cpu_ms,
         },

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from benchmarks.common import DATABASE_URL, REDIS_URL, RUN_ID
+from benchmarks.common import DATABASE_URL, REDIS_URL, RUN_ID, noop_kind
 from outbox.dispatch.processes import (
     WORKER_READY,
     OutboxProcess,
@@ -134,15 +134,49 @@ def forget_run_keys() -> None:
             client.delete(key)
 
 
+def run_queues(run_id: str = RUN_ID) -> list[str]:
+    """The RabbitMQ queues a run declares: the raw actor's and the no-op kind's, each with the
+    delay and dead-letter queues Dramatiq declares beside it."""
+    from dramatiq.common import dq_name, xq_name
+
+    from benchmarks.apps import raw_queue
+
+    queues = (raw_queue(run_id), noop_kind(run_id).queue_name)
+    return [name for q in queues for name in (q, dq_name(q), xq_name(q))]
+
+
+def forget_run_queues(amqp_url: str) -> None:
+    """Deletes this run's RabbitMQ queues (deleting one that does not exist is no error)."""
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        channel = connection.channel()
+        for name in run_queues():
+            channel.queue_delete(name)
+    finally:
+        connection.close()
+
+
+def _is_amqp(url: str) -> bool:
+    return url.startswith(("amqp://", "amqps://"))
+
+
 @contextmanager
 def rig(schema: str, **settings: str) -> Iterator[Rig]:
-    """Yields a ``Rig`` on clean queues; stops its processes and deletes this run's keys."""
+    """Yields a ``Rig`` on clean queues; stops its processes and deletes this run's keys (and,
+    on RabbitMQ, ``OUTBOX_BROKER_URL`` in ``settings``, its queues)."""
+    broker_url = settings.get("OUTBOX_BROKER_URL", REDIS_URL)
     forget_run_keys()
+    if _is_amqp(broker_url):
+        forget_run_queues(broker_url)
     try:
         with ExitStack() as stack:
             yield Rig(schema, settings, stack)
     finally:
         forget_run_keys()
+        if _is_amqp(broker_url):
+            forget_run_queues(broker_url)
 
 
 def wait_until(check, timeout: float, what: str, interval: float = 0.005) -> float:

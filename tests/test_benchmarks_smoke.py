@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlparse
 
+import pika
 import psycopg
 import pytest
 import redis
@@ -26,6 +27,7 @@ import redis
 from benchmarks import latency, peers, server_time
 from benchmarks.__main__ import SCENARIOS
 from benchmarks.peers import paired
+from benchmarks.rig import run_queues
 from tests.services import missing_service
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,7 +44,11 @@ CPU_REPORTED = {
     "sustained",
     "load-50",
     "load-100",
+    "e2e-rabbitmq",
+    "latency-rabbitmq",
 }
+#: Scenarios whose broker is RabbitMQ (the rest run on Redis).
+ON_RABBITMQ = {"rabbitmq"}
 
 
 #: The benchmarks' Redis database (as in benchmarks/common.py), on the test suite's Redis.
@@ -54,8 +60,9 @@ def bench_redis_url(redis_url: str) -> str:
 
 
 def run_benchmarks(
-    run_id: str, database_url: str, redis_url: str, *args: str
+    run_id: str, database_url: str, redis_url: str, *args: str, amqp_url: str | None = None
 ) -> tuple[list[dict], str]:
+    amqp = {"OUTBOX_BENCH_AMQP_URL": amqp_url} if amqp_url else {}
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--scale", "0.01", *args],
         cwd=REPO,
@@ -64,6 +71,7 @@ def run_benchmarks(
             "OUTBOX_BENCH_RUN_ID": run_id,
             "OUTBOX_BENCH_DATABASE_URL": database_url,
             "OUTBOX_BENCH_REDIS_URL": bench_redis_url(redis_url),
+            **amqp,
         },
         capture_output=True,
         text=True,
@@ -75,15 +83,19 @@ def run_benchmarks(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_each_scenario_reports_every_key_and_drops_its_schema(name, database_url, redis_url):
+def test_each_scenario_reports_every_key_and_drops_its_schema(
+    name, database_url, redis_url, request
+):
     if why := peers.missing(name):
         missing_service(why)
+    amqp_url = request.getfixturevalue("rabbitmq_url") if name in ON_RABBITMQ else None
     run_id = f"smoke_{uuid.uuid4().hex[:8]}"
-    rows, table = run_benchmarks(run_id, database_url, redis_url, "--only", name)
+    rows, table = run_benchmarks(run_id, database_url, redis_url, "--only", name, amqp_url=amqp_url)
     assert rows, table
     for row in rows:
         assert row.keys() >= KEYS, row
-        assert row["scenario"].startswith(name), row
+        # A row is named after its scenario (the RabbitMQ rows after what they repeat).
+        assert row["scenario"].startswith(name) or row["scenario"].endswith(f"-{name}"), row
         assert row["n"] > 0
         assert row["actions_per_s"] > 0
         if row["scenario"] not in THROUGHPUT_ONLY:
@@ -94,6 +106,10 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(name, database_url
         if row["scenario"] in CPU_REPORTED:
             assert row["postgres_cpu_ms_per_action"] > 0, row
             assert row["total_cpu_ms_per_action"] >= row["postgres_cpu_ms_per_action"], row
+        if name in ON_RABBITMQ:
+            # Its ceiling is raw Dramatiq on the same RabbitMQ, whose CPU is counted too.
+            assert row["broker"] == "rabbitmq" and "rabbitmq_cpu_ms_per_action" in row, row
+            assert row["ratio_to"].startswith("dramatiq-raw-rabbitmq"), row
         if row["scenario"].startswith("latency"):
             # Where the latency goes: every span was measured (the first compares the client's
             # clock after its commit with the claim's start, so it may be a hair below zero).
@@ -115,6 +131,8 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(name, database_url
             assert "agent_action_inserted" not in functions, functions
         assert row["scenario"] in table
     assert_nothing_left(run_id, database_url, redis_url)
+    if amqp_url:
+        assert_no_queue_left(amqp_url, run_id)
 
 
 @pytest.mark.slow
@@ -153,3 +171,22 @@ def assert_nothing_left(run_id: str, database_url: str, redis_url: str) -> None:
     assert left == []
     with redis.Redis.from_url(bench_redis_url(redis_url)) as client:
         assert list(client.scan_iter(match=f"*{run_id}*")) == []
+
+
+def assert_no_queue_left(amqp_url: str, run_id: str) -> None:
+    """No RabbitMQ queue of the run is left behind (a passive declare of a queue that does not
+    exist closes the channel with 404)."""
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        left = []
+        for name in run_queues(run_id):
+            channel = connection.channel()
+            try:
+                channel.queue_declare(name, passive=True)
+                left.append(name)
+                channel.close()
+            except pika.exceptions.ChannelClosedByBroker as closed:
+                assert closed.reply_code == 404, closed
+    finally:
+        connection.close()
+    assert left == []
