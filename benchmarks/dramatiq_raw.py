@@ -16,15 +16,17 @@ import redis
 
 from benchmarks import apps
 from benchmarks.common import REDIS_URL, Result, Scale, ms, percentile
-from benchmarks.cpu import RABBITMQ_SERVICES, SERVICES, CpuMeter
+from benchmarks.cpu import CpuMeter
 from benchmarks.rig import (
     IDLE_SETTLE,
     IN_FLIGHT,
     PROCESSES,
     THREADS,
     WORKER_TIMEOUT_MS,
+    broker_settings,
     paced,
     rig,
+    services_for,
     wait_until,
 )
 
@@ -42,16 +44,6 @@ class RawCeiling:
 
 
 _measured: dict[tuple[Scale, str], RawCeiling] = {}
-
-
-def broker_settings(broker_url: str) -> dict[str, str]:
-    """A rig's settings for its pools to use ``broker_url`` (none for the benchmarks' Redis)."""
-    return {} if broker_url == REDIS_URL else {"OUTBOX_BROKER_URL": broker_url}
-
-
-def services_for(broker_url: str) -> dict[str, str]:
-    """The services whose CPU a scenario on ``broker_url`` counts: RabbitMQ's too on it."""
-    return SERVICES if broker_url == REDIS_URL else RABBITMQ_SERVICES
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from benchmarks.common import (
     percentile,
 )
 from benchmarks.cpu import CpuMeter
-from benchmarks.rig import rig, wait_until
+from benchmarks.rig import broker_settings, rig, services_for, wait_until
 from outbox import Outbox
 
 #: Actions per enqueueing transaction (an application's batch job, say).
@@ -89,7 +89,7 @@ def run_once(
 ) -> Run:
     """Enqueues ``n`` actions into a fresh schema while a claimer and a worker pool run them
     (Dramatiq's on ``broker_url``, or Celery's)."""
-    settings = {"OUTBOX_FABRIC": fabric, **dramatiq_raw.broker_settings(broker_url)}
+    settings = {"OUTBOX_FABRIC": fabric, **broker_settings(broker_url)}
     with bench_schema("e2e") as schema, rig(schema, **settings) as r:
         outbox = migrated_outbox(schema)
         if fabric == "celery":
@@ -97,7 +97,7 @@ def run_once(
             workers = {f"workers{i}": pid for i, pid in enumerate(pids)}
         else:
             workers = {"workers": r.outbox_workers().pid}
-        services = dramatiq_raw.services_for(broker_url)
+        services = services_for(broker_url)
         cpu = CpuMeter(services, claimer=r.claimer().pid, enqueuer=os.getpid(), **workers)
         with psycopg.connect(DATABASE_URL, autocommit=True) as watch:
             table = f'"{schema}".agent_action'

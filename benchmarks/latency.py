@@ -32,7 +32,7 @@ from benchmarks.common import (
     percentile,
 )
 from benchmarks.cpu import CpuMeter
-from benchmarks.rig import paced, rig, wait_until
+from benchmarks.rig import paced, rig, services_for, wait_until
 
 #: Kinds the claimer and the workers serve in ``latency-8-kinds`` (the no-op kind and 7 idle).
 KINDS = 8
@@ -67,7 +67,7 @@ def latencies_of(n: int, name: str, **settings: str) -> tuple[list[float], dict[
             outbox.migrate()
             client = redis.Redis.from_url(REDIS_URL)
             r.stack.callback(client.close)
-            services = dramatiq_raw.services_for(settings.get("OUTBOX_BROKER_URL", REDIS_URL))
+            services = services_for(settings.get("OUTBOX_BROKER_URL", REDIS_URL))
             cpu = CpuMeter(services, enqueuer=os.getpid(), **r.idle_outbox())
             options = server_time.session_options(schema, tracked)
             with psycopg.connect(DATABASE_URL, **options) as conn:

@@ -18,6 +18,7 @@ from pathlib import Path
 import redis
 
 from benchmarks.common import DATABASE_URL, REDIS_URL, RUN_ID, noop_kind
+from benchmarks.cpu import RABBITMQ_SERVICES, SERVICES
 from outbox.dispatch.processes import (
     WORKER_READY,
     OutboxProcess,
@@ -160,6 +161,16 @@ def forget_run_queues(amqp_url: str) -> None:
 
 def _is_amqp(url: str) -> bool:
     return url.startswith(("amqp://", "amqps://"))
+
+
+def broker_settings(broker_url: str) -> dict[str, str]:
+    """A rig's settings for its pools to use ``broker_url`` (none for the benchmarks' Redis)."""
+    return {} if broker_url == REDIS_URL else {"OUTBOX_BROKER_URL": broker_url}
+
+
+def services_for(broker_url: str) -> dict[str, str]:
+    """The services whose CPU a scenario on ``broker_url`` counts: RabbitMQ's too on it."""
+    return RABBITMQ_SERVICES if _is_amqp(broker_url) else SERVICES
 
 
 @contextmanager
