@@ -34,11 +34,17 @@ Rows = list[Any]
 class Statement:
     """``tuples``: the rows come back as tuples in the statement's column order, not dicts (a
     dict a row, and its names read from the result, cost a statement run a million times a
-    few microseconds: the single enqueue)."""
+    few microseconds: the single enqueue).
+
+    ``prepare``: prepared at its first run on a connection, not psycopg's sixth (its
+    ``prepare_threshold``): a statement every attempt or claim runs, whose plan costs more
+    than a run of it (``docs/benchmarks.md``), planned once a connection where the session
+    or the transaction asks for generic plans."""
 
     sql: str
     params: Mapping[str, Any] | None = None
     tuples: bool = False
+    prepare: bool = False
 
 
 Operation = Generator[Statement, Rows, T]
@@ -99,10 +105,11 @@ def run_sync(
             statement = next(op)
             while True:
                 cur.row_factory = _row_factory(statement)
+                prepare_now = _prepare(statement)
                 if raw:
-                    cur.execute(*as_sent(statement))
+                    cur.execute(*as_sent(statement), prepare=prepare_now)
                 else:
-                    cur.execute(statement.sql, statement.params)
+                    cur.execute(statement.sql, statement.params, prepare=prepare_now)
                 rows = cur.fetchall() if returned_rows(cur) else []
                 statement = op.send(rows)
         except StopIteration as done:
@@ -132,14 +139,21 @@ async def run_async(
             statement = next(op) if started is None else op.send(started)
             while True:
                 cur.row_factory = _row_factory(statement)
+                prepare_now = _prepare(statement)
                 if raw:
-                    await cur.execute(*as_sent(statement))
+                    await cur.execute(*as_sent(statement), prepare=prepare_now)
                 else:
-                    await cur.execute(statement.sql, statement.params)
+                    await cur.execute(statement.sql, statement.params, prepare=prepare_now)
                 rows = await cur.fetchall() if returned_rows(cur) else []
                 statement = op.send(rows)
         except StopIteration as done:
             return cast(T, done.value)
+
+
+def _prepare(statement: Statement) -> bool | None:
+    """psycopg's ``prepare``: True for a statement prepared at its first run, else None
+    (psycopg's own choice: at its sixth run)."""
+    return True if statement.prepare else None
 
 
 def _is_async(conn: Any) -> bool:

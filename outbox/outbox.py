@@ -26,7 +26,7 @@ from outbox.migrate import MigrationReport, migrate
 from outbox.observers import ExecutorObserver, LogObserver
 from outbox.request import ActionRequest
 from outbox.store import ClaimedAction, Store
-from outbox.warmup import warm_connection
+from outbox.warmup import use_generic_plans, warm_connection
 
 
 def default_observers() -> list[ExecutorObserver]:
@@ -132,14 +132,24 @@ class Outbox:
     # -- the executing side ---------------------------------------------------------------------
 
     @asynccontextmanager
-    async def store(self, pool: AsyncConnectionPool | None = None) -> AsyncIterator[Store]:
-        """A ``Store`` on ``pool``, or on a pool of its own (autocommit) closed on exit."""
+    async def store(
+        self, pool: AsyncConnectionPool | None = None, *, generic_plans: bool = False
+    ) -> AsyncIterator[Store]:
+        """A ``Store`` on ``pool``, or on a pool of its own (autocommit) closed on exit.
+
+        ``generic_plans``: the pool's sessions plan each prepared statement once
+        (``plan_cache_mode = force_generic_plan``), for a pool that runs attempts' statements
+        and small lookups only (a worker's): an attempt's take, fence and finish are written to
+        be planned so (``docs/benchmarks.md``), and PostgreSQL's own choice planned each of them
+        anew for their first runs on every connection, and for most runs of a batch."""
         if pool is not None:
             yield Store(pool, self.schema, self.settings.lease)
             return
         schema, lease = self.schema, self.settings.lease
 
         async def warm(conn: psycopg.AsyncConnection[Any]) -> None:
+            if generic_plans:
+                await use_generic_plans(conn)
             await warm_connection(conn, schema, lease)
 
         own = AsyncConnectionPool(

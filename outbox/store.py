@@ -150,6 +150,7 @@ def claim_heads_statement(
             "limit": left,
             "key_cap": key_cap,
         },
+        prepare=True,
     )
 
 
@@ -193,7 +194,7 @@ def _claim_heads(
     # Claimed lanes are executing now, so nothing is taken twice.
     left -= len(claimed)
     second = {**(first.params or {}), "reclaim": False, "keys": took.walked, "per_key": left}
-    rows = yield Statement(q["claim_heads"], {**second, "limit": left})
+    rows = yield Statement(q["claim_heads"], {**second, "limit": left}, prepare=True)
     claimed.extend(_claimed([row for row in rows if row["id"] is not None]))
     return claimed
 
@@ -287,8 +288,11 @@ class Store:
         return (self._take, self._fence, self._finish)
 
     async def _rows(self, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """One of an attempt's statements (its take, fence or finish), prepared at its first
+        run on a connection (``Statement.prepare``)."""
+
         def op() -> Operation[list[dict[str, Any]]]:
-            return (yield Statement(queries_for(self.schema)[name], params))
+            return (yield Statement(queries_for(self.schema)[name], params, prepare=True))
 
         return await self.run(op())
 

@@ -72,6 +72,12 @@ def _statements(lease: timedelta) -> dict[str, dict[str, Any]]:
     }
 
 
+async def use_generic_plans(conn: AsyncConnection[Any]) -> None:
+    """``conn``'s session plans each prepared statement once, generically
+    (``Outbox.store(generic_plans=True)``)."""
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+
+
 async def warm_connection(conn: AsyncConnection[Any], schema: str, lease: timedelta) -> None:
     """Runs (and prepares) a claim's and each of an attempt's statements once on ``conn``,
     changing nothing."""

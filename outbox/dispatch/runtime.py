@@ -144,7 +144,8 @@ class WorkerRuntime:
                 break
             stack = AsyncExitStack()
             try:
-                store = await stack.enter_async_context(self.outbox.store())
+                # A worker's pool runs attempts' statements: planned once a connection.
+                store = await stack.enter_async_context(self.outbox.store(generic_plans=True))
             except Exception as error:  # the server went away again meanwhile
                 log.warning("opening the outbox pool failed (%s); waiting again", error)
                 continue
