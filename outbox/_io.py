@@ -46,6 +46,12 @@ class Statement:
     tuples: bool = False
     prepare: bool = False
 
+    @property
+    def prepare_argument(self) -> bool | None:
+        """psycopg's ``prepare`` for it: True (prepared at its first run), or None (psycopg's
+        own choice, at its sixth)."""
+        return True if self.prepare else None
+
 
 Operation = Generator[Statement, Rows, T]
 
@@ -105,7 +111,7 @@ def run_sync(
             statement = next(op)
             while True:
                 cur.row_factory = _row_factory(statement)
-                prepare_now = _prepare(statement)
+                prepare_now = statement.prepare_argument
                 if raw:
                     cur.execute(*as_sent(statement), prepare=prepare_now)
                 else:
@@ -139,7 +145,7 @@ async def run_async(
             statement = next(op) if started is None else op.send(started)
             while True:
                 cur.row_factory = _row_factory(statement)
-                prepare_now = _prepare(statement)
+                prepare_now = statement.prepare_argument
                 if raw:
                     await cur.execute(*as_sent(statement), prepare=prepare_now)
                 else:
@@ -148,12 +154,6 @@ async def run_async(
                 statement = op.send(rows)
         except StopIteration as done:
             return cast(T, done.value)
-
-
-def _prepare(statement: Statement) -> bool | None:
-    """psycopg's ``prepare``: True for a statement prepared at its first run, else None
-    (psycopg's own choice: at its sixth run)."""
-    return True if statement.prepare else None
 
 
 def _is_async(conn: Any) -> bool:

@@ -108,10 +108,10 @@ async def close_claim_round(conn: AsyncConnection[Any], claims: list[Statement])
         for claim in claims:
             if raw:
                 cur: AsyncCursor[Any] = AsyncRawCursor(conn, row_factory=dict_row)
-                await cur.execute(*as_sent(claim), prepare=claim.prepare or None)
+                await cur.execute(*as_sent(claim), prepare=claim.prepare_argument)
             else:
                 cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(claim.sql, claim.params, prepare=claim.prepare or None)
+                await cur.execute(claim.sql, claim.params, prepare=claim.prepare_argument)
             cursors.append(cur)
         _end_segment(pipeline)
         await conn.execute(b"COMMIT")
