@@ -22,7 +22,14 @@ from psycopg_pool import AsyncConnectionPool
 from outbox._io import Operation, Statement, run_async
 from outbox.action import Action
 from outbox.batching import GroupWriter
-from outbox.binary_arrays import BinaryArray
+from outbox.binary_arrays import (
+    BoolArray,
+    Int8,
+    Int8Array,
+    IntervalArray,
+    TextArray,
+    TimestamptzArray,
+)
 from outbox.fence_token import FenceToken
 from outbox.queries import queries_for
 from outbox.results import Finish
@@ -208,8 +215,8 @@ def release_claims_operation(
     if not tokens:
         return []
     params = {
-        "ids": BinaryArray([t.action_id for t in tokens]),
-        "epochs": BinaryArray([t.epoch for t in tokens]),
+        "ids": Int8Array([t.action_id for t in tokens]),
+        "epochs": Int8Array([t.epoch for t in tokens]),
     }
     rows = yield Statement(queries_for(schema)["release_claims"], params)
     return list(_by_token(rows))
@@ -248,8 +255,63 @@ def _by_token(rows: list[dict[str, Any]]) -> dict[FenceToken, dict[str, Any]]:
     return {FenceToken(row["id"], row["epoch"]): row for row in rows}
 
 
-def _token_params(token: FenceToken) -> dict[str, int]:
-    return {"id": token.action_id, "epoch": token.epoch}
+# The parameters of an attempt's statements, one builder a statement, which the warm-up of a
+# new connection (``outbox.warmup``) calls too: every parameter has one type whatever its value
+# (``outbox.binary_arrays``), so that each statement is one prepared statement a connection, the
+# one the warm-up prepared.
+
+
+def _token_params(token: FenceToken) -> dict[str, Int8]:
+    return {"id": Int8(token.action_id), "epoch": Int8(token.epoch)}
+
+
+def take_params(token: FenceToken, lease: timedelta) -> dict[str, Any]:
+    """``take_attempt``'s."""
+    return {**_token_params(token), "lease": lease}
+
+
+def takes_params(tokens: Sequence[FenceToken], lease: timedelta) -> dict[str, Any]:
+    """``take_attempts``'."""
+    return {
+        "ids": Int8Array([t.action_id for t in tokens]),
+        "epochs": Int8Array([t.epoch for t in tokens]),
+        "lease": lease,
+    }
+
+
+def fence_params(fence: FenceRequest) -> dict[str, Any]:
+    """``begin_write``'s."""
+    token, margin, ref, claimed_at = fence
+    return {**_token_params(token), "margin": margin, "ref": ref, "claimed_at": claimed_at}
+
+
+def fences_params(fences: Sequence[FenceRequest]) -> dict[str, Any]:
+    """``begin_writes``'."""
+    return {
+        "ids": Int8Array([f[0].action_id for f in fences]),
+        "epochs": Int8Array([f[0].epoch for f in fences]),
+        "margins": IntervalArray([f[1] for f in fences]),
+        "refs": TextArray([f[2] for f in fences]),
+        "claimed_ats": TimestamptzArray([f[3] for f in fences]),
+    }
+
+
+def finishes_params(finishes: Sequence[FinishRequest]) -> dict[str, Any]:
+    """``finish_many``'s."""
+    return {
+        "ids": Int8Array([r[0].action_id for r in finishes]),
+        "epochs": Int8Array([r[0].epoch for r in finishes]),
+        "states": TextArray([r[1].state.value for r in finishes]),
+        "stop_reasons": TextArray([r[1].stop_reason for r in finishes]),
+        "refs": TextArray([r[1].ref for r in finishes]),
+        "retry_reasons": TextArray([r[1].retry_reason for r in finishes]),
+        "afters": IntervalArray([r[1].after for r in finishes]),
+        "gives_back": BoolArray([r[1].gives_back_attempt for r in finishes]),
+        "error_classes": TextArray([r[1].error_class for r in finishes]),
+        "claimed_ats": TimestamptzArray([r[2] for r in finishes]),
+        "fenced": BoolArray([r[3] for r in finishes]),
+        "hand_offs": IntervalArray([r[4] for r in finishes]),
+    }
 
 
 def _first(request: tuple[Any, ...]) -> FenceToken:
@@ -297,53 +359,26 @@ class Store:
         return await self.run(op())
 
     async def _take_one(self, token: FenceToken) -> ClaimedAction | None:
-        rows = await self._rows("take_attempt", {**_token_params(token), "lease": self.lease})
+        rows = await self._rows("take_attempt", take_params(token, self.lease))
         return _claimed(rows)[0] if rows else None
 
     async def _take_many(self, tokens: Sequence[FenceToken]) -> dict[FenceToken, ClaimedAction]:
-        params = {
-            "ids": BinaryArray([t.action_id for t in tokens]),
-            "epochs": BinaryArray([t.epoch for t in tokens]),
-            "lease": self.lease,
-        }
-        rows = await self._rows("take_attempts", params)
+        rows = await self._rows("take_attempts", takes_params(tokens, self.lease))
         return {token: _claimed([row])[0] for token, row in _by_token(rows).items()}
 
     async def _fence_one(self, fence: FenceRequest) -> bool:
-        token, margin, ref, claimed_at = fence
-        params = {**_token_params(token), "margin": margin, "ref": ref, "claimed_at": claimed_at}
-        return bool(await self._rows("begin_write", params))
+        return bool(await self._rows("begin_write", fence_params(fence)))
 
     async def _fence_many(self, fences: Sequence[FenceRequest]) -> dict[FenceToken, bool]:
-        params = {
-            "ids": BinaryArray([f[0].action_id for f in fences]),
-            "epochs": BinaryArray([f[0].epoch for f in fences]),
-            "margins": BinaryArray([f[1] for f in fences]),
-            "refs": BinaryArray([f[2] for f in fences]),
-            "claimed_ats": BinaryArray([f[3] for f in fences]),
-        }
-        return dict.fromkeys(_by_token(await self._rows("begin_writes", params)), True)
+        rows = await self._rows("begin_writes", fences_params(fences))
+        return dict.fromkeys(_by_token(rows), True)
 
     async def _finish_one(self, finish: FinishRequest) -> Finished | None:
         return (await self._finish_many([finish])).get(finish[0])
 
     async def _finish_many(self, finishes: Sequence[FinishRequest]) -> dict[FenceToken, Finished]:
         # One statement for every finish, one row or many: ends, retries and deferrals alike.
-        params = {
-            "ids": BinaryArray([r[0].action_id for r in finishes]),
-            "epochs": BinaryArray([r[0].epoch for r in finishes]),
-            "states": BinaryArray([r[1].state.value for r in finishes]),
-            "stop_reasons": BinaryArray([r[1].stop_reason for r in finishes]),
-            "refs": BinaryArray([r[1].ref for r in finishes]),
-            "retry_reasons": BinaryArray([r[1].retry_reason for r in finishes]),
-            "afters": BinaryArray([r[1].after for r in finishes]),
-            "gives_back": BinaryArray([r[1].gives_back_attempt for r in finishes]),
-            "error_classes": BinaryArray([r[1].error_class for r in finishes]),
-            "claimed_ats": BinaryArray([r[2] for r in finishes]),
-            "fenced": BinaryArray([r[3] for r in finishes]),
-            "hand_offs": BinaryArray([r[4] for r in finishes]),
-        }
-        rows = await self._rows("finish_many", params)
+        rows = await self._rows("finish_many", finishes_params(finishes))
         return {token: Finished(_handed_on(row)) for token, row in _by_token(rows).items()}
 
     @asynccontextmanager

@@ -10,66 +10,60 @@ worker started, against about 1 ms after. The statements are prepared here too, 
 first real runs skip parsing.
 
 Every statement below is given an empty batch, or an id no action has (0: ids start at 1), so it
-changes nothing. A connection whose warm-up fails (a schema not migrated yet) is still handed
-out: the attempt's own statement then reports what is wrong.
+changes nothing. Its parameters are built by the store's own builders and sent as the store sends
+them (``outbox.store``: one type a parameter whatever its value), so the statement prepared here
+is the one every later run of it on the connection uses: the first attempt skips planning too.
+A connection whose warm-up fails (a schema not migrated yet) is still handed out: the attempt's
+own statement then reports what is wrong.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
 
+from outbox._io import Operation, Statement, run_async
+from outbox.fence_token import FenceToken
 from outbox.queries import queries_for
+from outbox.store import (
+    claim_heads_statement,
+    fence_params,
+    fences_params,
+    finishes_params,
+    take_params,
+    takes_params,
+)
 
 log = logging.getLogger("outbox.warmup")
 
-_NO_ACTION = {"id": 0, "epoch": 0}
-#: The finish's arrays besides ids and epochs.
-_FINISH_ARRAYS = (
-    "states",
-    "stop_reasons",
-    "refs",
-    "retry_reasons",
-    "afters",
-    "gives_back",
-    "error_classes",
-    "claimed_ats",
-    "fenced",
-    "hand_offs",
-)
+#: An action no row has (ids start at 1).
+_NO_ACTION = FenceToken(0, 0)
+#: A claim's time, as an attempt's fence gives it: a value, not NULL, which psycopg would send
+#: untyped (another prepared statement than the attempts').
+_CLAIMED_AT = datetime(2000, 1, 1, tzinfo=UTC)
 
 
-def _no_batch(*arrays: str) -> dict[str, list[Any]]:
-    return {name: [] for name in ("ids", "epochs", *arrays)}
-
-
-def _statements(lease: timedelta) -> dict[str, dict[str, Any]]:
-    """Each statement an attempt runs (take, fence, finish; one row and a batch), and a claim's,
-    with parameters that match no action (the claim: of no kind, up to none)."""
-    return {
-        "claim_heads": {
-            "kind": "",
-            "limit": 0,
-            "lease": lease,
-            "take": False,
-            "reclaim": False,
-            "heads": True,
-            "keys": None,
-            "after": "",
-            "walk": 1,
-            "per_key": None,
-            "key_cap": None,
-        },
-        "take_attempt": {**_NO_ACTION, "lease": lease},
-        "take_attempts": {**_no_batch(), "lease": lease},
-        "begin_write": {**_NO_ACTION, "margin": timedelta(0), "ref": None, "claimed_at": None},
-        "begin_writes": _no_batch("margins", "refs", "claimed_ats"),
-        "finish_many": _no_batch(*_FINISH_ARRAYS),
+def _statements(schema: str, lease: timedelta) -> list[Statement]:
+    """Each statement an attempt runs (take, fence, finish; one row and a batch), and a claim's
+    (of no kind, up to none), as the store runs them, with parameters that match no action."""
+    q = queries_for(schema)
+    claim = {"kind": "", "limit": 0, "lease": lease, "take": False}
+    attempts: dict[str, Mapping[str, Any]] = {
+        "take_attempt": take_params(_NO_ACTION, lease),
+        "take_attempts": takes_params([], lease),
+        "begin_write": fence_params((_NO_ACTION, timedelta(0), None, _CLAIMED_AT)),
+        "begin_writes": fences_params([]),
+        "finish_many": finishes_params([]),
     }
+    return [
+        claim_heads_statement(q, claim, 0, None, {}, reclaim=False),
+        *(Statement(q[name], params, prepare=True) for name, params in attempts.items()),
+    ]
 
 
 async def use_generic_plans(conn: AsyncConnection[Any]) -> None:
@@ -78,15 +72,18 @@ async def use_generic_plans(conn: AsyncConnection[Any]) -> None:
     await conn.execute("SET plan_cache_mode = force_generic_plan")
 
 
+def _one(statement: Statement) -> Operation[None]:
+    yield statement
+
+
 async def warm_connection(conn: AsyncConnection[Any], schema: str, lease: timedelta) -> None:
     """Runs (and prepares) a claim's and each of an attempt's statements once on ``conn``,
     changing nothing."""
-    queries = queries_for(schema)
-    for name, params in _statements(lease).items():
+    for statement in _statements(schema, lease):
         try:
-            await conn.execute(queries[name], params, prepare=True)
+            await run_async(conn, _one(statement))
         except psycopg.Error as error:
-            log.debug("warm-up of a new connection stopped at %s: %s", name, error)
+            log.debug("warm-up of a new connection stopped at %s: %s", statement.sql[:40], error)
             if not conn.autocommit:
                 await conn.rollback()
             return

@@ -11,7 +11,8 @@ lane and claim plans are written and tested for (``tests/test_core_lane_plans.py
 
 from __future__ import annotations
 
-from datetime import timedelta
+import asyncio
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -84,6 +85,55 @@ async def test_a_workers_pool_prepares_an_attempts_statements_and_plans_them_onc
     for marker, counts in plans.items():
         assert counts["custom_plans"] == 0, (marker, counts)
         assert counts["generic_plans"] >= RUNS, (marker, counts)
+
+
+async def _prepared(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
+    """This session's prepared statements: how often each ran (on any plan), by name."""
+    async with conn.cursor() as cur:
+        await cur.execute("SELECT name, generic_plans + custom_plans FROM pg_prepared_statements")
+        return {name: runs for name, runs in await cur.fetchall()}
+
+
+async def test_the_warm_up_prepares_the_statements_a_connections_attempts_then_run(
+    make_outbox, conn, schema
+) -> None:
+    """A single take, fence and finish, then batches of each: every statement they ran is one
+    the new connection's warm-up prepared (same text, same parameter types), so none of them is
+    parsed or planned again."""
+    ob = make_outbox(pool_size=1)
+    ob.declare(NOTE)
+    ob.migrate()
+    _enqueue(conn, schema, "w", 4)
+    async with ob.store() as claiming:
+        claimed = await claiming.claim({NOTE.name: 4}, LEASE, take=False)
+    tokens = [item.action.token for item in claimed]
+    assert len(tokens) == 4
+    claimed_at = datetime.now(UTC)
+    done = Finish(ActionState.DONE, stop_reason="DONE")
+    async with ob.store(generic_plans=True) as store:
+        async with store.connection() as session:
+            warmed = await _prepared(session)
+        alone, batch = tokens[0], tokens[1:]
+        assert await store.take_attempt(alone) is not None
+        assert await store.begin_write(alone, timedelta(0), claimed_at=claimed_at)
+        assert await store.finish(alone, done, claimed_at, fenced=True)
+        assert all(await asyncio.gather(*(store.take_attempt(t) for t in batch)))
+        assert all(
+            await asyncio.gather(
+                *(store.begin_write(t, timedelta(0), "ref", claimed_at) for t in batch)
+            )
+        )
+        assert all(
+            await asyncio.gather(*(store.finish(t, done, claimed_at, fenced=True) for t in batch))
+        )
+        batched = {w.name: w.statements for w in store.group_writers}
+        async with store.connection() as session:
+            after = await _prepared(session)
+    # The batches went as batches (one statement of three, or of two and one).
+    assert all(statements <= 3 for statements in batched.values()), batched
+    assert set(after) == set(warmed), "an attempt prepared a statement of its own"
+    ran = sum(after.values()) - sum(warmed.values())
+    assert ran >= 3 + 3, (warmed, after)
 
 
 async def test_a_claimers_rounds_plan_their_claim_once_a_connection(

@@ -45,7 +45,7 @@ async def test_a_new_connection_has_prepared_an_attempt_s_statements_and_changed
             ).fetchall()
         assert _rows(conn, schema) == before
     texts = " ".join(row[0] for row in prepared)
-    assert len(prepared) >= len(_statements(timedelta(minutes=5))), texts
+    assert len(prepared) >= len(_statements(schema, timedelta(minutes=5))), texts
     for opening in ("WITH finished AS", "WITH fenced AS", "WITH target AS MATERIALIZED"):
         assert opening in texts, texts
 
