@@ -56,6 +56,7 @@ async def _plans(conn: psycopg.AsyncConnection[Any], *markers: str) -> dict[str,
         matching = [row for row in rows if marker in row["statement"]]
         assert matching, f"no prepared statement holds {marker!r}"
         found[marker] = {
+            "statements": len(matching),
             "generic_plans": sum(row["generic_plans"] for row in matching),
             "custom_plans": sum(row["custom_plans"] for row in matching),
         }
@@ -154,10 +155,11 @@ async def test_a_claimers_rounds_plan_their_claim_once_a_connection(
             answers = await close_claim_round(session, plan.statements)
             assert len(plan.settle(answers, watch, cursor).claimed) == 1
         plans = await _plans(session, "WITH RECURSIVE expired AS")
-    # Every claim ran on the one generic plan (the pool's warm-up ran it once, on a plan
-    # of its own, before the connection served).
+    # Every claim ran on the one generic plan of the statement the pool's warm-up prepared
+    # (and ran once, on a plan of its own, before the connection served).
     counts = plans["WITH RECURSIVE expired AS"]
     assert counts["generic_plans"] == RUNS, counts
+    assert counts["statements"] == 1, counts
 
 
 async def test_an_in_process_claim_is_planned_once_a_connection(make_outbox, conn, schema) -> None:
@@ -170,7 +172,7 @@ async def test_an_in_process_claim_is_planned_once_a_connection(make_outbox, con
             assert len(await store.claim({NOTE.name: 10}, LEASE)) == 1
         async with store.connection() as session:
             plans = await _plans(session, "WITH RECURSIVE expired AS")
-    # Every claim ran on the one generic plan (the pool's warm-up ran it once, on a plan
-    # of its own, before the connection served).
+    # Every claim ran on the one generic plan of the statement the pool's warm-up prepared.
     counts = plans["WITH RECURSIVE expired AS"]
     assert counts["generic_plans"] == RUNS, counts
+    assert counts["statements"] == 1, counts
