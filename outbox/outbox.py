@@ -141,8 +141,17 @@ class Outbox:
         (``plan_cache_mode = force_generic_plan``), for a pool that runs attempts' statements
         and small lookups only (a worker's): an attempt's take, fence and finish are written to
         be planned so (``docs/benchmarks.md``), and PostgreSQL's own choice planned each of them
-        anew for their first runs on every connection, and for most runs of a batch."""
+        anew for their first runs on every connection, and for most runs of a batch. It sets
+        up the sessions of the pool the store opens: a pool of the caller's (``pool``) plans so
+        when its connections are made with ``options="-c plan_cache_mode=force_generic_plan"``,
+        and asking for it beside one raises ``ValueError`` rather than being ignored."""
         if pool is not None:
+            if generic_plans:
+                raise ValueError(
+                    "generic_plans sets up the sessions of the pool the store opens; for a pool"
+                    " of your own, make its connections with"
+                    " options='-c plan_cache_mode=force_generic_plan'"
+                )
             yield Store(pool, self.schema, self.settings.lease)
             return
         schema, lease = self.schema, self.settings.lease

@@ -16,7 +16,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
 
 from outbox import ActionKind, ActionRequest, enqueue_many
 from outbox._io import run_async
@@ -176,3 +178,13 @@ async def test_an_in_process_claim_is_planned_once_a_connection(make_outbox, con
     counts = plans["WITH RECURSIVE expired AS"]
     assert counts["generic_plans"] == RUNS, counts
     assert counts["statements"] == 1, counts
+
+
+async def test_generic_plans_beside_a_pool_of_the_callers_is_refused_not_ignored(
+    make_outbox,
+) -> None:
+    ob = make_outbox(pool_size=1)
+    pool = AsyncConnectionPool(ob.settings.require_database_url(), min_size=1, open=False)
+    with pytest.raises(ValueError, match="plan_cache_mode=force_generic_plan"):
+        async with ob.store(pool, generic_plans=True):
+            pass
