@@ -4,6 +4,7 @@ negative CPU when a backend of another client exited)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -73,3 +74,37 @@ def test_cpu_used_between_two_readings_is_never_negative(then, grown):
     used = used_between(then, now)
     assert used >= 0
     assert used == pytest.approx(sum(grown.values()))
+
+
+#: A child that uses about 3 ms of CPU, says so, and ends when told to.
+BRIEF = """
+import sys, time
+from pathlib import Path
+start = time.process_time()
+while time.process_time() - start < 0.003:
+    pass
+Path(sys.argv[1], "ready").write_text("")
+while not Path(sys.argv[1], "go").exists():
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads each thread's schedstat")
+def test_a_services_cpu_is_read_finer_than_a_clock_tick(tmp_path):
+    """A service's backend may use a few milliseconds in a whole quick scenario: read in clock
+    ticks (10 ms) that was often nothing at all."""
+    from benchmarks.cpu import named_cpu_seconds
+
+    child = subprocess.Popen([sys.executable, "-c", BRIEF, str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        command = Path(f"/proc/{child.pid}/comm").read_text().strip()
+        seconds = (named_cpu_seconds(command) or {}).get(child.pid)
+    finally:
+        (tmp_path / "go").write_text("")
+        child.wait()
+    assert seconds is not None and seconds > 0.003
+    ticks = seconds * os.sysconf("SC_CLK_TCK")
+    assert abs(ticks - round(ticks)) > 1e-6, seconds
