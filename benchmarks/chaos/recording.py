@@ -9,7 +9,11 @@ writes is what makes the checks sound:
 - ``fence_asked_at`` commits before ``begin_write()`` is called, so a fence that passed was asked
   no earlier than that time (an erasure committed before it must make the fence refuse);
 - ``stop`` commits after the adapter is done, so an attempt without ``stopped_at`` was killed
-  (its process group's kill time closes its interval).
+  (its process group's kill time closes its interval). Its time is read in the process as the
+  adapter is done, not by the server as the row is written: the write may wait (for a connection
+  a database restart broke, or behind the other processes on the cores), and a stop stamped
+  then stretched the interval past the next attempt's start. Every process of the soak and its
+  PostgreSQL run on one machine, so the two clocks are one.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import asyncio
 import os
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -88,13 +93,14 @@ class Recorder:
                 f"UPDATE {self.t} SET fence_passed = %s WHERE id = %s", (passed, row)
             )
 
-    async def stop(self, row: int, result: str) -> None:
+    async def stop(self, row: int, result: str, at: datetime) -> None:
+        """``at``: when the adapter was done (the process's clock)."""
         # Not written while the database is down: the checks end the interval at its process's
         # end or its deadline instead.
         with suppress(psycopg.Error, OSError):
             await self._execute(
-                f"UPDATE {self.t} SET stopped_at = clock_timestamp(), result = %s WHERE id = %s",
-                (result, row),
+                f"UPDATE {self.t} SET stopped_at = %s, result = %s WHERE id = %s",
+                (at, result, row),
             )
 
 
@@ -159,4 +165,4 @@ async def run_recorded(
         outcome = "cancelled"
         raise
     finally:
-        await recorder.stop(row, outcome)
+        await recorder.stop(row, outcome, datetime.now(UTC))
