@@ -48,7 +48,7 @@ _NO_ACTION = FenceToken(0, 0)
 _CLAIMED_AT = datetime(2000, 1, 1, tzinfo=UTC)
 
 
-def _statements(schema: str, lease: timedelta) -> list[Statement]:
+def _statements(schema: str, lease: timedelta) -> dict[str, Statement]:
     """Each statement an attempt runs (take, fence, finish; one row and a batch), and a claim's
     (of no kind, up to none), as the store runs them, with parameters that match no action."""
     q = queries_for(schema)
@@ -60,10 +60,10 @@ def _statements(schema: str, lease: timedelta) -> list[Statement]:
         "begin_writes": fences_params([]),
         "finish_many": finishes_params([]),
     }
-    return [
-        claim_heads_statement(q, claim, 0, None, {}, reclaim=False),
-        *(Statement(q[name], params, prepare=True) for name, params in attempts.items()),
-    ]
+    return {
+        "claim_heads": claim_heads_statement(q, claim, 0, None, {}, reclaim=False),
+        **{name: Statement(q[name], params, prepare=True) for name, params in attempts.items()},
+    }
 
 
 async def use_generic_plans(conn: AsyncConnection[Any]) -> None:
@@ -79,11 +79,11 @@ def _one(statement: Statement) -> Operation[None]:
 async def warm_connection(conn: AsyncConnection[Any], schema: str, lease: timedelta) -> None:
     """Runs (and prepares) a claim's and each of an attempt's statements once on ``conn``,
     changing nothing."""
-    for statement in _statements(schema, lease):
+    for name, statement in _statements(schema, lease).items():
         try:
             await run_async(conn, _one(statement))
         except psycopg.Error as error:
-            log.debug("warm-up of a new connection stopped at %s: %s", statement.sql[:40], error)
+            log.debug("warm-up of a new connection stopped at %s: %s", name, error)
             if not conn.autocommit:
                 await conn.rollback()
             return

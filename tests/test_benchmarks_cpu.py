@@ -18,17 +18,22 @@ from benchmarks.cpu import CpuMeter, used_between
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
 
-#: A child that uses 0.3 s of CPU, says so, and ends when told to.
-CHILD = """
+
+def _burner(seconds: float) -> str:
+    """A child that uses ``seconds`` of CPU, says so, and ends when told to."""
+    return f"""
 import sys, time
 from pathlib import Path
 start = time.process_time()
-while time.process_time() - start < 0.3:
+while time.process_time() - start < {seconds}:
     pass
 Path(sys.argv[1], "ready").write_text("")
 while not Path(sys.argv[1], "go").exists():
     time.sleep(0.01)
 """
+
+
+CHILD = _burner(0.3)
 #: A parent that starts the child, waits for it, then idles until it is killed.
 PARENT = """
 import subprocess, sys, time
@@ -76,17 +81,8 @@ def test_cpu_used_between_two_readings_is_never_negative(then, grown):
     assert used == pytest.approx(sum(grown.values()))
 
 
-#: A child that uses about 3 ms of CPU, says so, and ends when told to.
-BRIEF = """
-import sys, time
-from pathlib import Path
-start = time.process_time()
-while time.process_time() - start < 0.003:
-    pass
-Path(sys.argv[1], "ready").write_text("")
-while not Path(sys.argv[1], "go").exists():
-    time.sleep(0.01)
-"""
+#: A child that uses about 3 ms of CPU.
+BRIEF = _burner(0.003)
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads each thread's schedstat")
