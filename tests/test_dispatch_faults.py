@@ -356,6 +356,21 @@ def test_non_integers_and_bools_are_not_pairs() -> None:
         assert _tokens_or_none(args) is None, args
 
 
+def test_a_reloaded_worker_pool_comes_back_and_runs_what_waits(rig: DispatchRig) -> None:
+    """SIGHUP to the pool's master is Dramatiq's reload: it stops its worker processes and
+    starts its own command line again, in the same process, which then runs the actions."""
+    rig.claimer()
+    worker = rig.worker(processes=1, threads=4)
+    first = _enqueue(rig, "before", 4)
+    rig.wait_ended(first, timeout=30)
+    os.kill(worker.pid, signal.SIGHUP)
+    worker.wait_for("Worker process is ready for action.", timeout=60.0, count=2)
+    assert worker.popen.poll() is None, worker.output()
+    assert "Traceback" not in worker.output(), worker.output()
+    after = _enqueue(rig, "after", 4)
+    _assert_each_ran_once(rig, first + after)
+
+
 def test_forged_messages_next_to_legitimate_ones_do_not_hold_them_up(rig: DispatchRig) -> None:
     rig.settings["OUTBOX_ACTIONS_PER_MESSAGE"] = "1"
     outbox = rig.outbox()
