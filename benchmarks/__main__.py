@@ -46,6 +46,8 @@ SCENARIOS: dict[str, str] = {
     # memory an in-flight action costs the claimer and a worker process.
     "slow-provider": "benchmarks.slow_provider",
     "memory": "benchmarks.memory",
+    # A backlog waiting while every process (re)starts: the time to the first and last start.
+    "cold-start": "benchmarks.cold_start",
     # Minutes of steady load with a short retention: latency and the table's size over time.
     "sustained": "benchmarks.sustained",
     # Rising steady loads: latency and CPU an action against the offered rate, to the knee.

@@ -34,6 +34,8 @@ from benchmarks.common import NOOP, REDIS_URL, RUN_ID
 from outbox import Abandoned, ActionAttempt, ActionKind, Defer, Done, Outbox, Result
 from outbox.dispatch import broker_from_url
 
+#: Connections a worker process's recorder may hold at once (more recordings wait for one).
+RECORDER_CONNECTIONS = 32
 #: Where the adapter and the raw actor record what the scenario reads back.
 STARTS_KEY = f"bench:{RUN_ID}:starts"
 CALLS_KEY = f"bench:{RUN_ID}:calls"
@@ -78,8 +80,15 @@ class NoopAdapter:
         self.provider_seconds = provider_seconds
 
     def _redis(self) -> redis.asyncio.Redis:
+        # A pool that makes a recording wait for a free connection: a worker process runs up
+        # to threads x actions a message (256) adapters at once, and redis-py's default pool
+        # (100 connections) raised MaxConnectionsError in a burst (``cold-start``), which the
+        # executor took for the adapter's failure before its fence and retried seconds later.
         if self._client is None:
-            self._client = redis.asyncio.Redis.from_url(REDIS_URL)
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
+                REDIS_URL, max_connections=RECORDER_CONNECTIONS, timeout=None
+            )
+            self._client = redis.asyncio.Redis(connection_pool=pool)
         return self._client
 
     async def execute(self, attempt: ActionAttempt) -> Result:

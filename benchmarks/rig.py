@@ -77,10 +77,13 @@ class Rig:
         self.stack.callback(proc.close)
         return proc
 
-    def outbox_workers(self, processes: int = PROCESSES, threads: int = THREADS) -> OutboxProcess:
-        """An ``outbox worker`` pool, of the common layout unless a scenario sizes its own."""
+    def outbox_workers(
+        self, processes: int = PROCESSES, threads: int = THREADS, *, wait: bool = True
+    ) -> OutboxProcess:
+        """An ``outbox worker`` pool, of the common layout unless a scenario sizes its own;
+        without ``wait``, returned as soon as it was started (not once it is ready)."""
         return self._keep(
-            start_worker(APP, self.env(), processes=processes, threads=threads, cwd=REPO)
+            start_worker(APP, self.env(), processes=processes, threads=threads, cwd=REPO, wait=wait)
         )
 
     def outbox_celery_workers(self, queue: str) -> list[int]:
@@ -107,8 +110,8 @@ class Rig:
             for _ in range(PROCESSES)
         ]
 
-    def claimer(self) -> OutboxProcess:
-        return self._keep(start_claimer(APP, self.env(), cwd=REPO))
+    def claimer(self, *, wait: bool = True) -> OutboxProcess:
+        return self._keep(start_claimer(APP, self.env(), cwd=REPO, wait=wait))
 
     def idle_outbox(self) -> dict[str, int]:
         """Outbox workers and a claimer, then a pause so that the pool is idle when the
@@ -119,12 +122,13 @@ class Rig:
         time.sleep(IDLE_SETTLE)
         return {"claimer": claimer.pid, "workers": workers.pid}
 
-    def raw_workers(self) -> OutboxProcess:
+    def raw_workers(self, *, wait: bool = True) -> OutboxProcess:
         argv = [sys.executable, "-m", "dramatiq", RAW_APP]
         argv += ["--processes", str(PROCESSES), "--threads", str(THREADS)]
         env = {"dramatiq_worker_timeout": str(WORKER_TIMEOUT_MS), **self.env()}
         proc = self._keep(OutboxProcess(argv, env, cwd=REPO))
-        proc.wait_for(WORKER_READY, timeout=60.0, count=PROCESSES)
+        if wait:
+            proc.wait_for(WORKER_READY, timeout=60.0, count=PROCESSES)
         return proc
 
 
