@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from outbox.action import Action
+from outbox.outage import written
 
 if TYPE_CHECKING:
     from outbox.store import Store
@@ -34,8 +35,14 @@ class Fence:
         attempt = self._attempt
         if attempt.fence_passed:
             return True
-        ok = await attempt._store.begin_write(
-            attempt.token, attempt._margin, provider_ref, attempt.claimed_at
+        # Until the write margin is left: the database refuses a fence past it anyway.
+        ok = await written(
+            lambda: attempt._store.begin_write(
+                attempt.token, attempt._margin, provider_ref, attempt.claimed_at
+            ),
+            until=attempt.deadline - attempt._margin.total_seconds(),
+            what="fence",
+            token=attempt.token,
         )
         if ok:
             attempt.fence_passed = True

@@ -31,6 +31,7 @@ from outbox.connecting import wait_for_database
 from outbox.dispatch.heartbeat import Heartbeat
 from outbox.executor import ActionExecutor, Outcome
 from outbox.fence_token import FenceToken
+from outbox.outage import written
 
 if TYPE_CHECKING:
     from outbox.outbox import Outbox
@@ -271,7 +272,13 @@ class WorkerRuntime:
             return None
         self._running += 1
         try:
-            claimed = await executor.store.take_attempt(token)
+            # As long as the attempt could still pass its fence (``_too_late_to_take``).
+            claimed = await written(
+                lambda: executor.store.take_attempt(token),
+                until=started + self.outbox.settings.lease.total_seconds() - self._margin(),
+                what="take",
+                token=token,
+            )
             if claimed is None:
                 executor.observers.take_refused(kind, token)
                 return None
@@ -290,7 +297,10 @@ class WorkerRuntime:
         """Whether a message that began at ``started`` has less than the write margin of its
         time (the lease) left: its attempt's deadline would come before it could pass its
         fence, which needs that margin."""
-        return self._time_left(started) < self.outbox.settings.write_margin.total_seconds()
+        return self._time_left(started) < self._margin()
+
+    def _margin(self) -> float:
+        return self.outbox.settings.write_margin.total_seconds()
 
     def _time_left(self, started: float) -> float:
         """Seconds left of the time limit (the lease) of a message that began at ``started``."""
