@@ -48,6 +48,8 @@ SCENARIOS: dict[str, str] = {
     "memory": "benchmarks.memory",
     # A backlog waiting while every process (re)starts: the time to the first and last start.
     "cold-start": "benchmarks.cold_start",
+    # PostgreSQL restarted under a steady load: how long until what it caught has ended.
+    "db-restart": "benchmarks.db_restart",
     # Minutes of steady load with a short retention: latency and the table's size over time.
     "sustained": "benchmarks.sustained",
     # Rising steady loads: latency and CPU an action against the offered rate, to the knee.
