@@ -320,7 +320,8 @@ def lanes_in_id_order(ev: Evidence) -> Check:
 def restart_explains(ev: Evidence, action: dict[str, Any]) -> bool:
     """A database restart came before the action's lease ran out, and after its fence at most by
     RESTART_AFTERMATH: the attempt's finish may have met the database down, or a connection the
-    restart broke, so its result was never written."""
+    restart broke, and been sent again until its lease ran out (``outbox.outage``: the soak's
+    leases are seconds), so its result was never written."""
     fenced = action["write_started_at"]
     return fenced is not None and any(
         f["name"] == DATABASE_RESTART
