@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from outbox.action import Action
-from outbox.outage import written
+from outbox.outage import OUTAGE, sent_again
 
 if TYPE_CHECKING:
     from outbox.store import Store
@@ -35,15 +35,22 @@ class Fence:
         attempt = self._attempt
         if attempt.fence_passed:
             return True
-        # Until the write margin is left: the database refuses a fence past it anyway.
-        ok = await written(
-            lambda: attempt._store.begin_write(
+        store = attempt._store
+        try:
+            ok = await store.begin_write(
                 attempt.token, attempt._margin, provider_ref, attempt.claimed_at
-            ),
-            until=attempt.deadline - attempt._margin.total_seconds(),
-            what="fence",
-            token=attempt.token,
-        )
+            )
+        except OUTAGE as error:
+            # Until the write margin is left: the database refuses a fence past it anyway.
+            ok = await sent_again(
+                lambda: store.begin_write(
+                    attempt.token, attempt._margin, provider_ref, attempt.claimed_at
+                ),
+                error,
+                until=attempt.deadline - attempt._margin.total_seconds(),
+                what="fence",
+                token=attempt.token,
+            )
         if ok:
             attempt.fence_passed = True
             if attempt.before_write is not None:

@@ -25,7 +25,7 @@ from outbox.fence_token import FenceToken
 from outbox.lease_timer import LeaseClock, LeaseTimer
 from outbox.limits import RATE_HORIZON, KindLimits
 from outbox.observers import ExecutorObserver, Observers
-from outbox.outage import written
+from outbox.outage import OUTAGE, sent_again
 from outbox.rate_limiter import MAX_SLOT_WAIT, SLOT_LEAD, RateLimiter, Slot
 from outbox.results import RESULT_TYPES, Defer, Result, Retry, Uncertain, finish_for
 from outbox.state import ActionState, StopReason
@@ -268,21 +268,37 @@ class ActionExecutor:
         if finish is None:
             recorded = False
         elif hand_off is None:
-            recorded = await written(
-                lambda: self.store.finish(attempt.token, finish, attempt.claimed_at, fenced=fenced),
-                until=attempt.deadline,
-                what="finish",
-                token=attempt.token,
-            )
+            # The write is spelled out twice: a closure made for every finish would cost every
+            # attempt for the sake of an outage (``outbox.outage``).
+            try:
+                recorded = await self.store.finish(
+                    attempt.token, finish, attempt.claimed_at, fenced=fenced
+                )
+            except OUTAGE as error:
+                recorded = await sent_again(
+                    lambda: self.store.finish(
+                        attempt.token, finish, attempt.claimed_at, fenced=fenced
+                    ),
+                    error,
+                    until=attempt.deadline,
+                    what="finish",
+                    token=attempt.token,
+                )
         else:
-            finished = await written(
-                lambda: self.store.finish_and_hand_off(
+            try:
+                finished = await self.store.finish_and_hand_off(
                     attempt.token, finish, attempt.claimed_at, fenced=fenced, lease=hand_off
-                ),
-                until=attempt.deadline,
-                what="finish",
-                token=attempt.token,
-            )
+                )
+            except OUTAGE as error:
+                finished = await sent_again(
+                    lambda: self.store.finish_and_hand_off(
+                        attempt.token, finish, attempt.claimed_at, fenced=fenced, lease=hand_off
+                    ),
+                    error,
+                    until=attempt.deadline,
+                    what="finish",
+                    token=attempt.token,
+                )
             recorded = finished is not None
             successor = finished.next if finished is not None else None
         outcome = Outcome(

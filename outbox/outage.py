@@ -6,7 +6,7 @@ connection, a refused or shutting-down server; the pool's ``PoolTimeout`` is one
 attempt whose take, fence or finish failed so was lost with it: its action waited for its lease
 to run out (minutes), and an at-most-once action whose email had gone out ended UNCERTAIN. Each
 of these writes is therefore sent again, after a pause that grows, until the server answers or
-the write's own time is up (``written``); then the failure is raised as before.
+the write's own time is up (``sent_again``); then the failure is raised as before.
 
 Sending one again is safe whatever became of the first, because each is fenced by its token's
 epoch in the statement itself: a take is at most once an epoch (one whose reply was lost finds
@@ -41,58 +41,62 @@ FIRST_PAUSE = 0.05
 LONGEST_PAUSE = 1.0
 
 
-async def written(
-    write: Callable[[], Awaitable[T]], *, until: float, what: str, token: FenceToken
+async def sent_again(
+    write: Callable[[], Awaitable[T]],
+    error: BaseException,
+    *,
+    until: float,
+    what: str,
+    token: FenceToken,
 ) -> T:
-    """``write()``, sent again after each failure an outage raises until it answers, as long as
-    another try can start before ``until`` (``time.monotonic()``); past that, the failure is
-    raised. ``what`` (take, fence, finish) and ``token`` name it in the log."""
+    """After ``write()`` failed with ``error`` (one of ``OUTAGE``): sends it again, with a
+    growing pause, until it answers, as long as another try can start before ``until``
+    (``time.monotonic()``); past that, the last failure is raised. ``what`` (take, fence,
+    finish) and ``token`` name it in the log. The first try is the caller's own, so that a
+    write that answers, every write but in an outage, costs nothing more."""
     pause = FIRST_PAUSE
-    tries = 0
-    first_failure = 0.0
+    tries = 1
+    first_failure = time.monotonic()
+    if until - first_failure <= pause:
+        raise error
+    log.warning(
+        "%s of action %s epoch %s: PostgreSQL did not answer (%s); sending it again until it "
+        "does, for up to %.1fs",
+        what,
+        token.action_id,
+        token.epoch,
+        _named(error),
+        until - first_failure,
+        extra={"event": "write_retried", "action_id": token.action_id, "what": what},
+    )
     while True:
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, LONGEST_PAUSE)
         try:
             result = await write()
-        except OUTAGE as error:
+        except OUTAGE as again:
             tries += 1
-            left = until - time.monotonic()
-            if left <= pause:
-                if tries > 1:
-                    log.warning(
-                        "%s of action %s epoch %s: PostgreSQL still did not answer after %s "
-                        "tries; its time is up (%s)",
-                        what,
-                        token.action_id,
-                        token.epoch,
-                        tries,
-                        _named(error),
-                    )
-                raise
-            if tries == 1:
-                first_failure = time.monotonic()
+            if until - time.monotonic() <= pause:
                 log.warning(
-                    "%s of action %s epoch %s: PostgreSQL did not answer (%s); sending it again "
-                    "until it does, for up to %.1fs",
+                    "%s of action %s epoch %s: PostgreSQL still did not answer after %s tries; "
+                    "its time is up (%s)",
                     what,
                     token.action_id,
                     token.epoch,
-                    _named(error),
-                    left,
-                    extra={"event": "write_retried", "action_id": token.action_id, "what": what},
+                    tries,
+                    _named(again),
                 )
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, LONGEST_PAUSE)
+                raise
             continue
-        if tries:
-            log.info(
-                "%s of action %s epoch %s written after %s failed tries (%.1fs)",
-                what,
-                token.action_id,
-                token.epoch,
-                tries,
-                time.monotonic() - first_failure,
-                extra={"event": "write_rode_out", "action_id": token.action_id, "what": what},
-            )
+        log.info(
+            "%s of action %s epoch %s written after %s failed tries (%.1fs)",
+            what,
+            token.action_id,
+            token.epoch,
+            tries,
+            time.monotonic() - first_failure,
+            extra={"event": "write_rode_out", "action_id": token.action_id, "what": what},
+        )
         return result
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -31,7 +32,7 @@ from outbox.connecting import wait_for_database
 from outbox.dispatch.heartbeat import Heartbeat
 from outbox.executor import ActionExecutor, Outcome
 from outbox.fence_token import FenceToken
-from outbox.outage import written
+from outbox.outage import OUTAGE, sent_again
 
 if TYPE_CHECKING:
     from outbox.outbox import Outbox
@@ -272,13 +273,18 @@ class WorkerRuntime:
             return None
         self._running += 1
         try:
-            # As long as the attempt could still pass its fence (``_too_late_to_take``).
-            claimed = await written(
-                lambda: executor.store.take_attempt(token),
-                until=started + self.outbox.settings.lease.total_seconds() - self._margin(),
-                what="take",
-                token=token,
-            )
+            take = functools.partial(executor.store.take_attempt, token)
+            try:
+                claimed = await take()
+            except OUTAGE as error:
+                # As long as the attempt could still pass its fence (``_too_late_to_take``).
+                claimed = await sent_again(
+                    take,
+                    error,
+                    until=started + self.outbox.settings.lease.total_seconds() - self._margin(),
+                    what="take",
+                    token=token,
+                )
             if claimed is None:
                 executor.observers.take_refused(kind, token)
                 return None
