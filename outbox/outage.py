@@ -3,10 +3,10 @@
 A restart or a failover of PostgreSQL breaks every connection of a pool, and for a moment no new
 one can be made: a statement sent then fails with ``psycopg.OperationalError`` (a broken
 connection, a refused or shutting-down server; the pool's ``PoolTimeout`` is one too). An
-attempt whose take, fence or finish failed so was lost with it: its action waited for its lease
-to run out (minutes), and an at-most-once action whose email had gone out ended UNCERTAIN. Each
-of these writes is therefore sent again, after a pause that grows, until the server answers or
-the write's own time is up (``sent_again``); then the failure is raised as before.
+attempt whose take, fence or finish failed so would be lost with it: its action would wait for
+its lease to run out (minutes), and an at-most-once action whose email had gone out would end
+UNCERTAIN. Each of these writes is therefore sent again, after a pause that grows, until the
+server answers or the write's own time is up (``sent_again``); then the failure is raised.
 
 Sending one again is safe whatever became of the first, because each is fenced by its token's
 epoch in the statement itself: a take is at most once an epoch (one whose reply was lost finds

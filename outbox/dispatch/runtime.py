@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import functools
 import logging
 import os
 import threading
@@ -273,13 +272,12 @@ class WorkerRuntime:
             return None
         self._running += 1
         try:
-            take = functools.partial(executor.store.take_attempt, token)
             try:
-                claimed = await take()
+                claimed = await executor.store.take_attempt(token)
             except OUTAGE as error:
                 # As long as the attempt could still pass its fence (``_too_late_to_take``).
                 claimed = await sent_again(
-                    take,
+                    lambda: executor.store.take_attempt(token),
                     error,
                     until=started + self.outbox.settings.lease.total_seconds() - self._margin(),
                     what="take",
