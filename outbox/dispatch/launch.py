@@ -4,10 +4,10 @@ their logging itself, so each setup is followed by ``apply_log_format``. ``outbo
 runs this; a spawned worker process applies the format when it imports the worker entry.
 
 A reload (SIGHUP to the master, or a change ``--watch`` saw) makes Dramatiq's master stop its
-processes and exec its own command line again, ``sys.argv`` as it is; started with ``-m``, that
-is this module's path as a script, which is not executable, and the master died of a
+processes and exec its own command line again, ``sys.argv`` as it is. Started with ``-m``, that
+is this module's path as a script, which is not executable: the master would die of a
 PermissionError with its pool stopped. ``sys.argv`` is therefore the interpreter and ``-m`` with
-this module, so the reload starts the same pool again.
+this module, so that the reload starts the same pool again.
 """
 
 from __future__ import annotations
