@@ -34,6 +34,7 @@ from benchmarks.common import (
     Result,
     Scale,
     bench_schema,
+    first_attempts,
     migrated_outbox,
     ms,
     noop_request,
@@ -141,17 +142,13 @@ def outbox_round(schema: str, n: int, round_: int) -> ColdStart:
 def _attempts(schema: str, started: float) -> tuple[dict[int, float], dict[int, float]]:
     """Each action's first claim and take, in seconds from ``started`` (one machine's clock)."""
     with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
-        rows = conn.execute(
-            f"SELECT action_id, extract(epoch FROM claimed_at)::float8,"
-            f' extract(epoch FROM taken_at)::float8 FROM "{schema}".agent_action_attempt'
-            " WHERE attempt = 1"
-        ).fetchall()
+        first = first_attempts(conn, schema)
         # The next round's backlog is the only one in the table.
         conn.execute(f'DELETE FROM "{schema}".agent_action_attempt')
         conn.execute(f'DELETE FROM "{schema}".agent_action')
     return (
-        {row[0]: row[1] - started for row in rows},
-        {row[0]: row[2] - started for row in rows},
+        {i: claimed - started for i, (claimed, _) in first.items()},
+        {i: taken - started for i, (_, taken) in first.items()},
     )
 
 

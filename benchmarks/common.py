@@ -155,3 +155,14 @@ def ended_count(conn: psycopg.Connection[Any], schema: str, *, ended: bool = Tru
         f'SELECT count(*) FROM "{schema}".agent_action WHERE ended_at {which}'
     ).fetchone()
     return row[0] if row else 0
+
+
+def first_attempts(conn: psycopg.Connection[Any], schema: str) -> dict[int, tuple[float, float]]:
+    """Each action's first attempt: its claim's and its take's times (epoch seconds, the
+    database clock), by action id."""
+    rows = conn.execute(
+        f"SELECT action_id, extract(epoch FROM claimed_at)::float8,"
+        f' extract(epoch FROM taken_at)::float8 FROM "{schema}".agent_action_attempt'
+        " WHERE attempt = 1"
+    ).fetchall()
+    return {row[0]: (row[1], row[2]) for row in rows}

@@ -26,6 +26,7 @@ from benchmarks.common import (
     Result,
     Scale,
     bench_schema,
+    first_attempts,
     migrated_outbox,
     ms,
     noop_request,
@@ -102,13 +103,9 @@ def _phases(
     statement's start), the take -> the adapter's start (the take's statement, its commit, the
     executor's hand-over). The database clock and the wall clock are the same machine's."""
     with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
-        rows = conn.execute(
-            f"SELECT action_id, extract(epoch FROM claimed_at)::float8,"
-            f' extract(epoch FROM taken_at)::float8 FROM "{schema}".agent_action_attempt'
-            " WHERE attempt = 1"
-        ).fetchall()
+        first = first_attempts(conn, schema)
     spans: dict[str, list[float]] = {name: [] for name in PHASES}
-    for action_id, claimed, taken in rows:
+    for action_id, (claimed, taken) in first.items():
         if action_id not in committed or action_id not in starts:
             continue
         spans["commit_to_claim_p50_ms"].append(claimed - committed[action_id])
