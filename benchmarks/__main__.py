@@ -50,6 +50,8 @@ SCENARIOS: dict[str, str] = {
     "cold-start": "benchmarks.cold_start",
     # PostgreSQL restarted under a steady load: how long until what it caught has ended.
     "db-restart": "benchmarks.db_restart",
+    # The Redis broker restarted, without persistence, under a backlog: its cost over the drain.
+    "broker-restart": "benchmarks.broker_restart",
     # Minutes of steady load with a short retention: latency and the table's size over time.
     "sustained": "benchmarks.sustained",
     # Rising steady loads: latency and CPU an action against the offered rate, to the knee.
