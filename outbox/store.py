@@ -222,6 +222,15 @@ def release_claims_operation(
     return list(_by_token(rows))
 
 
+def release_untaken_claims_operation(
+    schema: str, kinds: Sequence[str]
+) -> Operation[list[FenceToken]]:
+    """Gives back every claim of ``kinds`` no worker has taken (the broker that held their
+    messages restarted): each becomes ADMITTED and due now. Returns the tokens it gave back."""
+    rows = yield Statement(queries_for(schema)["release_untaken_claims"], {"kinds": list(kinds)})
+    return list(_by_token(rows))
+
+
 #: A fence a caller asks for: its token, the write margin, the provider reference it records,
 #: and the claim's time (starts an in-process attempt's history row).
 FenceRequest = tuple[FenceToken, timedelta, str | None, datetime | None]

@@ -219,6 +219,18 @@ async def test_an_unreachable_broker_fails_the_push_at_once_and_the_claims_are_g
     assert states == [("ADMITTED", 0)] * 3, "a claim whose push failed must be due again at once"
 
 
+def test_the_broker_identity_is_a_redis_run_and_none_on_rabbitmq(
+    make_outbox: Any, schema: str, redis_url: str, rabbitmq_url: str
+) -> None:
+    """What the claimer's restart watch reads: a Redis transport names its run; RabbitMQ,
+    whose durable queues keep their messages over a restart, names none."""
+    run_id = redis.Redis.from_url(redis_url).info("server")["run_id"]
+    on_redis, _ = _outbox(make_outbox, schema)
+    assert install(on_redis, outbox_app(redis_url)).broker_identity() == run_id
+    on_rabbitmq, _ = _outbox(make_outbox, schema)
+    assert install(on_rabbitmq, outbox_app(rabbitmq_url)).broker_identity() is None
+
+
 def test_a_soft_time_limit_in_the_waiting_thread_cancels_the_attempt() -> None:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)

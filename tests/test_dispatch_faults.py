@@ -202,6 +202,70 @@ def test_broker_stopped_mid_run_claims_are_given_back_at_once_and_resume_after_r
     _assert_each_ran_once(rig, before + during)
 
 
+@pytest.mark.slow
+def test_a_broker_that_restarted_empty_gets_back_the_claims_it_held_at_once(
+    private_rig: DispatchRig, private_redis: PrivateRedis
+) -> None:
+    """A Redis restart without persistence loses every queued message: their claims are given
+    back as soon as the claimer sees the new run, not after their lease (30 s here)."""
+    rig = private_rig
+    claimer = rig.claimer()
+    ids = _enqueue(rig, "held", 10)
+    # No worker yet: the pushed messages wait in the broker.
+    deadline = time.monotonic() + 10
+    while _states(rig, ids) != {"EXECUTING": 10}:
+        assert time.monotonic() < deadline, _states(rig, ids)
+        time.sleep(0.1)
+
+    private_redis.restart()
+    restarted = time.monotonic()
+    rig.worker(threads=8)
+    rig.wait_ended(ids, timeout=20)
+    print(f"\nended {time.monotonic() - restarted:.1f}s after the broker restarted (lease 30 s)")
+    assert "the broker restarted" in claimer.output()
+    _assert_each_ran_once(rig, ids)
+
+
+async def test_claims_given_back_after_a_restart_run_once_when_their_messages_survived(
+    make_outbox: Any, schema: str, redis_url: str
+) -> None:
+    """A broker that restarted with its messages (persistence), or whose run the claimer
+    misread: each claim is given back and pushed again under a new epoch, and the message of
+    the old epoch is dropped by the take. Nothing runs twice."""
+    outbox = dispatch_app.build(
+        make_outbox().settings.require_database_url(), schema, schema.upper()
+    )
+    outbox.migrate()
+    dispatch = install(outbox, broker_from_url(redis_url))
+    rig = DispatchRig(outbox.settings.require_database_url(), schema, redis_url, dict(FAST))
+    with psycopg.connect(rig.database_url, autocommit=True) as conn:
+        dispatch_app.create_tables(conn, schema)
+    try:
+        ids = await asyncio.to_thread(_enqueue, rig, "survived", 6)
+        async with outbox.store() as store:
+            claimer = Claimer(dispatch, store)
+            runs = iter(["run-a", "run-a", "run-b"])
+            claimer.restart_watch.identity = lambda: next(runs)
+            claimer.restart_watch.every = 0.0  # a look every round
+            first = await claimer.run_once(housekeeping=False)
+            assert first.pushed == 6
+            await claimer.run_once(housekeeping=False)  # the same run: nothing given back
+            assert claimer.totals["released_after_restart"] == 0
+            again = await claimer.run_once(housekeeping=False)
+            assert claimer.totals["released_after_restart"] == 6
+            assert again.pushed == 6, "given back and pushed again under a new epoch"
+        with rig.connect() as conn:
+            assert {r["epoch"] for r in rig.actions(conn, ids)} == {2}
+        # Twelve messages for six actions: the six of epoch 1 are dropped by the take.
+        worker = rig.worker(threads=4)
+        await asyncio.to_thread(_assert_each_ran_once, rig, ids)
+        assert worker.output().count("abandoned message for action") == 6, worker.output()
+    finally:
+        list(rig.stop_all())
+        with contextlib.suppress(redis.RedisError):
+            _forget_queues(rig)
+
+
 async def test_a_stalled_broker_never_freezes_the_claimers_loop(
     make_outbox: Any, schema: str, private_redis: PrivateRedis
 ) -> None:

@@ -22,7 +22,7 @@ from dramatiq.middleware import Middleware, TimeLimit
 from outbox.dispatch.broker import default_broker
 from outbox.dispatch.fabric import batches, deliver, even_chunks
 from outbox.dispatch.health_watch import ConsumerHealth
-from outbox.dispatch.pushing import check_broker
+from outbox.dispatch.pushing import broker_identity, check_broker
 from outbox.dispatch.redis_push import LoopPush, push_pipelined
 from outbox.dispatch.runtime import TIME_LIMIT_GRACE, WorkerRuntime, mark_delivery
 from outbox.dispatch.wake import queue_counts, wake_consumers
@@ -58,6 +58,9 @@ class Dispatch:
 
     def check_broker(self) -> None:
         check_broker(self.broker)
+
+    def broker_identity(self) -> str | None:
+        return broker_identity(self.broker)
 
     def push_batch(self, kind: str, tokens: Sequence[FenceToken]) -> None:
         self._enqueue_and_wake([self.message(kind, tokens)])

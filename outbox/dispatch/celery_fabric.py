@@ -51,6 +51,7 @@ from outbox.dispatch.broker import (
 )
 from outbox.dispatch.celery_health import ConsumerHealth
 from outbox.dispatch.fabric import Batch, batches, deliver
+from outbox.dispatch.pushing import redis_run_id
 from outbox.dispatch.runtime import TIME_LIMIT_GRACE, WorkerRuntime
 from outbox.errors import ConfigurationError
 from outbox.fence_token import FenceToken
@@ -128,6 +129,15 @@ class CeleryDispatch:
             conn.ensure_connection(max_retries=0)
             if conn.transport.driver_type == "redis":
                 conn.default_channel.client.ping()
+
+    def broker_identity(self) -> str | None:
+        """A Redis transport's ``run_id``; None on RabbitMQ (durable queues, persistent
+        messages) and any other transport."""
+        with self.app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=0)
+            if conn.transport.driver_type == "redis":
+                return redis_run_id(conn.default_channel.client)
+        return None
 
 
 def app_from_settings(settings: Settings) -> Celery:

@@ -36,6 +36,7 @@ from outbox.dispatch.consumption import ConsumptionWatch
 from outbox.dispatch.fabric import Fabric, LoopPusher, batches
 from outbox.dispatch.heartbeat import Heartbeat
 from outbox.dispatch.pushing import BrokerGate, OffLoop, PushTimeout
+from outbox.dispatch.restart_watch import RestartWatch
 from outbox.fence_token import FenceToken
 from outbox.health import ProcessHealth, process_health, start_health_server
 from outbox.limits import KindLimits
@@ -49,6 +50,7 @@ from outbox.store import (
     claim_heads_statement,
     heads_claimed,
     release_claims_operation,
+    release_untaken_claims_operation,
 )
 
 log = logging.getLogger("outbox.claimer")
@@ -326,6 +328,8 @@ class Claimer:
         #: and closes it when it ends; ``run_once`` alone pushes from a thread.
         self.loop_pusher: LoopPusher | None = None
         self.gate = BrokerGate(dispatch.check_broker, self.off_loop)
+        #: Notices a broker that restarted (and lost what it held) to give its claims back.
+        self.restart_watch = RestartWatch(dispatch.broker_identity, self.off_loop)
         #: Live while rounds go round; ready while they claim and push (outbox.health).
         self.health = health or ProcessHealth("claimer")
         #: Totals since start, for logs and tests.
@@ -334,6 +338,7 @@ class Claimer:
             "pushed": 0,
             "push_failed": 0,
             "released": 0,
+            "released_after_restart": 0,
             "rounds": 0,
             "housekeeping": 0,
         }
@@ -455,6 +460,28 @@ class Claimer:
             len(tokens),
         )
 
+    async def give_back_untaken(self) -> None:
+        """The broker restarted: every claim of this claimer's kinds that no worker took is due
+        again now (``release_untaken_claims``); a failure here leaves them to their lease."""
+        try:
+            released = await self.store.run(
+                release_untaken_claims_operation(self.store.schema, self.kinds)
+            )
+        except (psycopg.Error, OSError) as error:
+            log.warning(
+                "the broker restarted; giving back the claims it held failed (%s): they are "
+                "reclaimed after their lease",
+                one_line(error),
+            )
+            return
+        self.totals["released_after_restart"] += len(released)
+        log.warning(
+            "the broker restarted and lost the messages it held; gave back %s claims no worker "
+            "had taken (due again now)",
+            len(released),
+            extra={"event": "broker_restarted", "released": len(released)},
+        )
+
     async def housekeep_if_due(self) -> None:
         """The maintenance services whose turn came (bounded; a failing one waits its next)."""
         if await self.maintenance.run_due():
@@ -475,10 +502,14 @@ class Claimer:
         rounds), one bounded claim, then the pushes."""
         if housekeeping:
             await self.housekeep_if_due()
+        was_open = self.gate.open
         if not await self.gate.ready():
             # The broker does not answer: nothing is claimed that could not be pushed.
             self.totals["rounds"] += 1
             return Round()
+        # Answering again after a failed push is when a restart is likeliest: look at once.
+        if await self.restart_watch.restarted(now=not was_open):
+            await self.give_back_untaken()
         result = await self.claim()
         self._in_flight_now = sum(result.in_flight.values()) + len(result.claimed)
         if result.claimed:

@@ -1,7 +1,7 @@
 """What a dispatch fabric is: the only part of dispatch that differs between Dramatiq and Celery.
 
 The claimer (bound, claim, give-back, consumption watch), the worker runtime (take once per
-epoch, the executor, group commit) and the message format are shared. A fabric adds four things:
+epoch, the executor, group commit) and the message format are shared. A fabric adds five things:
 
 - ``push_many`` / ``push_batch``: put ``(action_id, epoch)`` pairs on a kind's queue, as
   messages of at most ``actions_per_message`` pairs (``batches``); ``loop_push``, where the
@@ -9,6 +9,7 @@ epoch, the executor, group commit) and the message format are shared. A fabric a
 - a worker-side entry (a Dramatiq actor, a Celery task) that hands a message's arguments to
   ``deliver``, which parses them and runs them through the process's ``WorkerRuntime``;
 - ``check_broker``: whether the broker answers, for the claimer's ``BrokerGate``;
+- ``broker_identity``: which run of the broker answers, for the claimer's ``RestartWatch``;
 - ``kinds`` / ``queues``: what it carries.
 
 Whether workers consume what is pushed is read from PostgreSQL (a claim whose lease ran out
@@ -81,6 +82,11 @@ class Fabric(Protocol):
 
     def check_broker(self) -> None:
         """Raises unless the broker answers. Blocking (the claimer runs it on a thread)."""
+        ...
+
+    def broker_identity(self) -> str | None:
+        """Which run of the broker answers (a Redis ``run_id``); None where a restart loses no
+        message, or the broker cannot say. Blocking (the claimer runs it on a thread)."""
         ...
 
 

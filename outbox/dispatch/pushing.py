@@ -55,6 +55,21 @@ def check_broker(broker: Broker) -> None:
         broker.connection.process_data_events(0)
 
 
+def broker_identity(broker: Broker) -> str | None:
+    """Which run of the broker answers: a Redis server's ``run_id``, new at each start. None
+    for any other broker (RabbitMQ keeps Dramatiq's durable queues and persistent messages
+    across a restart). Blocking."""
+    if isinstance(broker, RedisBroker):
+        return redis_run_id(broker.client)
+    return None
+
+
+def redis_run_id(client: Any) -> str | None:
+    """A Redis server's ``run_id`` (``INFO server``), through a blocking client."""
+    run_id = client.info("server").get("run_id")
+    return str(run_id) if run_id else None
+
+
 class OffLoop:
     """Runs blocking broker calls on threads, each bounded by ``timeout`` seconds."""
 

@@ -514,6 +514,20 @@ UPDATE {schema}.agent_action a
    AND a.write_started_at IS NULL
 RETURNING a.id, a.epoch
 
+-- name: release_untaken_claims
+-- After the broker restarted and lost the messages it held: every claim of these kinds that no
+-- worker has taken becomes ADMITTED and due now, as release_claims does (epoch and attempt
+-- unchanged; a message of that epoch that survived after all is dropped by the worker's take).
+-- Claims pushed since the restart are given back too, which costs each one a message. Reads
+-- ix_agent_action_lease (executing actions only).
+UPDATE {schema}.agent_action a
+   SET state = 'ADMITTED', available_at = now(), lease_until = NULL
+ WHERE a.state = 'EXECUTING' AND a.lease_until IS NOT NULL
+   AND a.kind = ANY(%(kinds)s::text[])
+   AND a.taken_epoch IS DISTINCT FROM a.epoch
+   AND a.write_started_at IS NULL
+RETURNING a.id, a.epoch
+
 -- name: listen_enqueues
 -- Wakes this connection on every enqueueing statement (trigger agent_action_inserted, 0004)
 -- and on every lane whose next action became due. {channel} is filled in as an identifier:
