@@ -57,6 +57,13 @@ HANDED_ON = Counter(
     ["kind"],
 )
 
+GIVEN_BACK = Counter(
+    "outbox_claims_given_back",
+    "Claims a claimer gave back unrun, due again at once, by why: their push failed "
+    "(push_failed), or the broker that held their messages restarted (broker_restarted)",
+    ["reason"],
+)
+
 MALFORMED = Counter(
     "outbox_malformed_messages",
     "Messages on an outbox queue that were not (action_id, epoch) pairs, dropped, by kind",
@@ -243,6 +250,11 @@ def set_backlog_gauges(backlog: Backlog) -> None:
         IN_FLIGHT.labels(kind=item.kind, queue=item.queue).set(item.in_flight)
         BLOCKED_LANES.labels(kind=item.kind).set(item.blocked_lanes)
         UNCONSUMED.labels(kind=item.kind).set(item.unconsumed)
+
+
+def record_given_back(reason: str, claims: int) -> None:
+    if claims:
+        GIVEN_BACK.labels(reason=reason).inc(claims)
 
 
 def set_claiming_stalled(kind: str, stalled: bool) -> None:

@@ -21,6 +21,7 @@ import redis
 from dispatch_support import APP, REPO, DispatchRig, assert_lanes_held
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY
 
 from benchmarks.chaos.servers import PrivatePostgres, PrivateRedis
 from outbox import ActionRequest
@@ -113,6 +114,11 @@ def _assert_each_ran_once(rig: DispatchRig, ids: list[int]) -> None:
     calls = rig.calls()
     assert Counter(c["action_id"] for c in calls) == Counter(ids)
     assert_lanes_held(calls)
+
+
+def _given_back(reason: str) -> float:
+    """This process's ``outbox_claims_given_back_total`` for ``reason``."""
+    return REGISTRY.get_sample_value("outbox_claims_given_back_total", {"reason": reason}) or 0.0
 
 
 def _process_state(pid: int) -> str:
@@ -247,12 +253,14 @@ async def test_claims_given_back_after_a_restart_run_once_when_their_messages_su
             runs = iter(["run-a", "run-a", "run-b"])
             claimer.restart_watch.identity = lambda: next(runs)
             claimer.restart_watch.every = 0.0  # a look every round
+            counted = _given_back("broker_restarted")
             first = await claimer.run_once(housekeeping=False)
             assert first.pushed == 6
             await claimer.run_once(housekeeping=False)  # the same run: nothing given back
             assert claimer.totals["released_after_restart"] == 0
             again = await claimer.run_once(housekeeping=False)
             assert claimer.totals["released_after_restart"] == 6
+            assert _given_back("broker_restarted") == counted + 6
             assert again.pushed == 6, "given back and pushed again under a new epoch"
         with rig.connect() as conn:
             assert {r["epoch"] for r in rig.actions(conn, ids)} == {2}
@@ -308,6 +316,7 @@ async def test_a_stalled_broker_never_freezes_the_claimers_loop(
             assert claimer.totals["rounds"] > rounds + 5
             assert claimer.totals["housekeeping"] > housekeeping + 5
             assert claimer.totals["released"] >= 5
+            assert _given_back("push_failed") >= claimer.totals["released"]
             assert await asyncio.to_thread(_states, rig, stalled) == {"ADMITTED": 5}
         finally:
             private_redis.resume()

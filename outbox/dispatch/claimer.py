@@ -454,6 +454,7 @@ class Claimer:
             )
             return
         self.totals["released"] += len(released)
+        metrics.record_given_back("push_failed", len(released))
         log.warning(
             "gave back %s of %s claims whose push failed (due again now; the rest was taken)",
             len(released),
@@ -475,6 +476,7 @@ class Claimer:
             )
             return
         self.totals["released_after_restart"] += len(released)
+        metrics.record_given_back("broker_restarted", len(released))
         log.warning(
             "the broker restarted and lost the messages it held; gave back %s claims no worker "
             "had taken (due again now)",
