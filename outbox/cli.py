@@ -1,4 +1,10 @@
-"""The ``outbox`` command. Each subcommand is one ``_cmd_*`` function registered in ``COMMANDS``.
+"""The ``outbox`` command. Each subcommand is a ``setup_*`` function that adds its parser, in
+``COMMANDS``, and a ``_cmd_*`` function it runs.
+
+``main`` imports only the module of the subcommand it runs (``COMMANDS`` names it by its path),
+so a command starts without loading what the others need: ``outbox health``, which a container
+runs every few seconds, reads its files without psycopg, Dramatiq or an application. ``outbox
+--help`` and a command line without a known subcommand load them all.
 
 A failing command prints one line on stderr and exits 1 (runtime) or 2 (usage, configuration);
 ``outbox.cli_errors`` says which error is which.
@@ -7,253 +13,48 @@ A failing command prints one line on stderr and exits 1 (runtime) or 2 (usage, c
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from importlib import metadata
 from typing import Any
 
-import psycopg
-
-from outbox.cli_args import non_negative_float, non_negative_int, positive_int
-from outbox.cli_deletion import Consent, erase_command, prune_command
 from outbox.cli_errors import DEBUG_ENV, EXIT_INTERRUPTED, explain
-from outbox.demo.commands import setup_dashboard, setup_demo
-from outbox.dispatch.commands import setup_claimer, setup_worker
-from outbox.erasure import ErasureReport, erase_subject
-from outbox.health.commands import setup_health
-from outbox.limits_view import limits_view, render_limits
-from outbox.loader import load_app
 from outbox.logs import configure_logging
-from outbox.operator.commands import setup_operator
-from outbox.outbox import Outbox
-from outbox.retention import DEFAULT_BATCH_SIZE as DEFAULT_PRUNE_BATCH
-from outbox.retention import prune
-from outbox.status import (
-    disabled_webhook_endpoints,
-    inspect,
-    json_default,
-    render_disabled_webhook_endpoints,
-    render_inspect,
-    render_status,
-    status,
-)
-from outbox.webhook.commands import setup_webhooks
+
+Setup = Callable[[argparse._SubParsersAction], None]
+
+#: Each subcommand, and the ``module:function`` that adds its parser (one function may add
+#: several); in the order ``outbox --help`` lists them.
+COMMANDS: dict[str, str] = {
+    "migrate": "outbox.cli_commands:setup_migrate",
+    "prune": "outbox.cli_commands:setup_prune",
+    "erase": "outbox.cli_commands:setup_erase",
+    "status": "outbox.cli_commands:setup_status",
+    "inspect": "outbox.cli_commands:setup_inspect",
+    "claimer": "outbox.dispatch.commands:setup_claimer",
+    "worker": "outbox.dispatch.commands:setup_worker",
+    "demo": "outbox.demo.commands:setup_demo",
+    "dashboard": "outbox.demo.commands:setup_dashboard",
+    "console": "outbox.demo.commands:setup_dashboard",
+    "webhooks": "outbox.webhook.commands:setup_webhooks",
+    "resolve": "outbox.operator.commands:setup_operator",
+    "retry": "outbox.operator.commands:setup_operator",
+    "cancel": "outbox.operator.commands:setup_operator",
+    "admit": "outbox.operator.commands:setup_operator",
+    "refuse": "outbox.operator.commands:setup_operator",
+    "pause": "outbox.operator.commands:setup_operator",
+    "resume": "outbox.operator.commands:setup_operator",
+    "health": "outbox.health.commands:setup_health",
+}
 
 
-def _outbox(args: argparse.Namespace) -> Outbox:
-    """The application's outbox if APP was given, else one on the environment's settings."""
-    overrides = {"database_url": getattr(args, "database_url", None)}
-    if getattr(args, "schema", None):
-        overrides["schema"] = args.schema
-    if getattr(args, "app", None):
-        app = load_app(args.app)
-        app.settings = app.settings.with_overrides(**overrides)
-        return app
-    return Outbox(**overrides)
-
-
-def _add_common(parser: argparse.ArgumentParser, app: str = "?") -> None:
-    parser.add_argument(
-        "app",
-        nargs=app,
-        metavar="APP",
-        help="module:object of the application's Outbox (declares kinds and adapters)",
-    )
-    parser.add_argument("--database-url", help="PostgreSQL URL (default: $OUTBOX_DATABASE_URL)")
-    parser.add_argument("--schema", help="PostgreSQL schema (default: $OUTBOX_SCHEMA or outbox)")
-
-
-def _cmd_migrate(args: argparse.Namespace) -> int:
-    report = _outbox(args).migrate()
-    if args.json:
-        print(json.dumps({"applied": report.applied, "kinds_declared": report.kinds_declared}))
-    else:
-        print(f"applied: {', '.join(report.applied) or 'nothing (up to date)'}")
-        print(f"kinds declared or changed: {', '.join(report.kinds_declared) or 'none'}")
-    return 0
-
-
-def _setup_migrate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("migrate", help="apply migrations and declare the application's kinds")
-    _add_common(p)
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=_cmd_migrate)
-
-
-def _connect(args: argparse.Namespace) -> tuple[Outbox, psycopg.Connection[Any]]:
-    app = _outbox(args)
-    return app, psycopg.connect(app.settings.require_database_url())
-
-
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, default=json_default, indent=2, sort_keys=True))
-
-
-def _cmd_prune(args: argparse.Namespace) -> int:
-    app, conn = _connect(args)
-    configured = app.settings.retention
-    retention = (
-        timedelta(days=args.retention_days) if args.retention_days is not None else configured
-    )
-    with conn:
-        return prune_command(
-            conn,
-            schema=app.schema,
-            retention=retention,
-            configured=configured,
-            threshold=_threshold(args, app),
-            dry_run=args.dry_run,
-            consent=Consent.from_args(args),
-            prune=lambda: prune(conn, retention, schema=app.schema, batch_size=args.batch_size),
-            as_json=args.json,
-            emit=_print_json,
-        )
-
-
-def _threshold(args: argparse.Namespace, app: Outbox) -> int:
-    given: int | None = args.confirm_threshold
-    return app.settings.confirm_threshold if given is None else given
-
-
-def _add_deletion_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="count what would be deleted, by kind and state, and delete nothing",
-    )
-    parser.add_argument(
-        "--yes", action="store_true", help="delete without asking, however many (scripts, cron)"
-    )
-    parser.add_argument(
-        "--confirm-threshold",
-        type=non_negative_int,
-        help="ask before deleting more actions than this (default: $OUTBOX_CONFIRM_THRESHOLD "
-        "or 1000)",
-    )
-
-
-def _setup_prune(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("prune", help="delete actions that ended more than the retention ago")
-    _add_common(p)
-    p.add_argument(
-        "--retention-days",
-        type=non_negative_float,
-        help="delete actions ended more than this many days ago (default: $OUTBOX_RETENTION_SECONDS"
-        " or 30 days); shorter than the configured retention needs a confirmation",
-    )
-    p.add_argument(
-        "--batch-size", type=positive_int, default=DEFAULT_PRUNE_BATCH, help="rows per batch"
-    )
-    _add_deletion_options(p)
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=_cmd_prune)
-
-
-def _cmd_erase(args: argparse.Namespace) -> int:
-    app, conn = _connect(args)
-
-    def erase() -> ErasureReport:
-        with conn.transaction():
-            return erase_subject(conn, args.account, schema=app.schema)
-
-    with conn:
-        return erase_command(
-            conn,
-            schema=app.schema,
-            account=args.account,
-            threshold=_threshold(args, app),
-            dry_run=args.dry_run,
-            consent=Consent.from_args(args),
-            erase=erase,
-            as_json=args.json,
-            emit=_print_json,
-        )
-
-
-def _setup_erase(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("erase", help="delete every action whose subject is an account")
-    _add_common(p)
-    p.add_argument("--account", required=True, help="the subject account id")
-    _add_deletion_options(p)
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=_cmd_erase)
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    app, conn = _connect(args)
-    with conn:
-        report = status(conn, schema=app.schema, latest=args.latest)
-        disabled = disabled_webhook_endpoints(conn, schema=app.schema)
-        limits = limits_view(conn, app.kind_limits(), schema=app.schema)
-    if args.json:
-        _print_json(
-            {
-                **report.as_dict(),
-                "disabled_webhook_endpoints": disabled,
-                "limits": limits.as_dict(),
-            }
-        )
-    else:
-        print(render_status(report))
-        print(render_disabled_webhook_endpoints(disabled))
-        print(render_limits(limits))
-    return 0
-
-
-def _setup_status(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("status", help="counts, backlog, blocked lanes, latest UNCERTAIN/FAILED")
-    _add_common(p)
-    p.add_argument(
-        "--latest", type=non_negative_int, default=10, help="how many latest ended to list"
-    )
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=_cmd_status)
-
-
-def _cmd_inspect(args: argparse.Namespace) -> int:
-    app, conn = _connect(args)
-    with conn:
-        found = inspect(conn, args.id, schema=app.schema)
-    if found is None:
-        print(
-            f"outbox inspect: no action {args.id} (never existed, erased or pruned)",
-            file=sys.stderr,
-        )
-        return 1
-    if args.json:
-        _print_json(found)
-    else:
-        print(render_inspect(found))
-    return 0
-
-
-def _setup_inspect(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("inspect", help="one action's fields, lane and history")
-    p.add_argument("id", type=positive_int, metavar="ID", help="the action id")
-    _add_common(p)
-    p.add_argument("--json", action="store_true", help="print the action as JSON")
-    p.set_defaults(func=_cmd_inspect)
-
-
-#: Each entry adds one subcommand to the parser.
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _setup_migrate,
-    _setup_prune,
-    _setup_erase,
-    _setup_status,
-    _setup_inspect,
-    setup_claimer,
-    setup_worker,
-    setup_demo,
-    setup_dashboard,
-    setup_webhooks,
-    setup_operator,
-    setup_health,
-]
+def _setup(path: str) -> Setup:
+    module, function = path.split(":")
+    setup: Setup = getattr(importlib.import_module(module), function)
+    return setup
 
 
 #: Subcommands whose arguments after ``--`` are passed on as they are (to ``dramatiq``).
@@ -280,7 +81,9 @@ def _add_global_options(parser: argparse.ArgumentParser, default: Any) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``outbox`` parser: with ``command`` one of ``COMMANDS``, only the parsers its setup
+    adds (its module alone is imported); otherwise every subcommand's."""
     parser = argparse.ArgumentParser(
         prog="outbox",
         description="Carry out an application's effects on the outside world.",
@@ -289,11 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"outbox {package_version()}")
     _add_global_options(parser, default=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    for setup in COMMANDS:
-        setup(sub)
-    for command in sub.choices.values():
+    paths = [COMMANDS[command]] if command in COMMANDS else COMMANDS.values()
+    for path in dict.fromkeys(paths):  # each setup once, in order
+        _setup(path)(sub)
+    for subparser in sub.choices.values():
         # Also after the subcommand; SUPPRESS keeps the value given before it.
-        _add_global_options(command, default=argparse.SUPPRESS)
+        _add_global_options(subparser, default=argparse.SUPPRESS)
     return parser
 
 
@@ -321,8 +125,15 @@ def _debug_chosen(args: argparse.Namespace) -> bool:
     }
 
 
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand a command line names: its first word that is not an option (the options
+    before a subcommand take no value)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse(build_parser(), sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(build_parser(_command_of(argv)), argv)
     configure_logging(args.verbose)  # JSON lines when OUTBOX_LOG_FORMAT=json
     try:
         return int(args.func(args) or 0)

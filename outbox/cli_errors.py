@@ -11,9 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import psycopg
-from psycopg import errors as pg_errors
-
 from outbox.errors import ConfigurationError, InvalidActionRequest, OutboxError
 
 #: Exit statuses of the ``outbox`` command.
@@ -24,10 +21,6 @@ EXIT_INTERRUPTED = 130
 
 #: Environment variable that makes a failing command print its traceback (any of 1/true/yes).
 DEBUG_ENV = "OUTBOX_DEBUG"
-
-#: PostgreSQL errors that mean the outbox's tables are not in that schema.
-_NOT_MIGRATED = (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName)
-
 
 @dataclass(frozen=True, slots=True)
 class Failure:
@@ -67,6 +60,13 @@ def _broker_error(error: BaseException) -> str | None:
 
 def explain(error: Exception) -> Failure:
     """The exit status and the one line for what a command raised."""
+    # Imported on a failure only: a command that succeeds without PostgreSQL (``outbox
+    # health``) does not load psycopg.
+    import psycopg
+    from psycopg import errors as pg_errors
+
+    # PostgreSQL errors that mean the outbox's tables are not in that schema.
+    not_migrated = (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName)
     text = _one_line(error) or type(error).__name__
     if isinstance(error, psycopg.Error) and error.diag.message_primary:
         text = error.diag.message_primary  # without the statement excerpt that follows it
@@ -74,7 +74,7 @@ def explain(error: Exception) -> Failure:
         return Failure(EXIT_USAGE, text)
     if isinstance(error, OutboxError):
         return Failure(EXIT_FAILURE, text)
-    if isinstance(error, _NOT_MIGRATED):
+    if isinstance(error, not_migrated):
         return Failure(
             EXIT_FAILURE,
             f"the schema is not migrated ({text}): run `outbox migrate` for this schema "

@@ -8,9 +8,6 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
 
-from psycopg import ProgrammingError
-from psycopg.conninfo import conninfo_to_dict
-
 from outbox.errors import ConfigurationError
 from outbox.event_loop import loop_factory
 from outbox.limits import parse_limits
@@ -221,6 +218,12 @@ def max_payload_bytes_from_env(environ: dict[str, str] | None = None) -> int:
     return value
 
 
+def health_dir_from_env(environ: dict[str, str] | None = None) -> str | None:
+    """``OUTBOX_HEALTH_DIR``, read alone: the health probe needs no other setting, and a probe
+    that a container runs every few seconds should not parse (or fail on) the rest."""
+    return (os.environ if environ is None else environ).get(env_name("health_dir")) or None
+
+
 def env_name(field: str) -> str:
     """The environment variable of a setting: ``lease`` -> ``OUTBOX_LEASE_SECONDS`` (durations
     are given in seconds), ``batch_size`` -> ``OUTBOX_BATCH_SIZE``."""
@@ -249,6 +252,11 @@ def _integer(variable: str, raw: str) -> int:
 def _check_database_url(url: str) -> None:
     # Parsed here (libpq's own parser) so a typo is a configuration error before any connect;
     # the message never repeats the URL, which may hold a password.
+    # psycopg is imported here, not with this module: a process that reads one setting and no
+    # URL (``outbox health``, a container's probe every few seconds) does not load it.
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
     variable = f"{env_name('database_url')} (--database-url)"
     try:
         params = conninfo_to_dict(url)

@@ -7,13 +7,13 @@ import argparse
 import json
 from pathlib import Path
 
-from outbox.config import Settings
+from outbox.config import health_dir_from_env
 from outbox.errors import ConfigurationError
 from outbox.health.probe import ROLES, present_verdict, role_verdict
 
 
 def _cmd_health(args: argparse.Namespace) -> int:
-    directory = args.dir or Settings.from_env().health_dir
+    directory = args.dir or health_dir_from_env()
     if not directory:
         raise ConfigurationError(
             "no health directory: set OUTBOX_HEALTH_DIR (as the claimer and worker have it) or "
