@@ -22,6 +22,7 @@ EXIT_INTERRUPTED = 130
 #: Environment variable that makes a failing command print its traceback (any of 1/true/yes).
 DEBUG_ENV = "OUTBOX_DEBUG"
 
+
 @dataclass(frozen=True, slots=True)
 class Failure:
     status: int

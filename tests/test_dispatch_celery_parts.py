@@ -229,6 +229,12 @@ def test_the_broker_identity_is_a_redis_run_and_none_on_rabbitmq(
     assert install(on_redis, outbox_app(redis_url)).broker_identity() == run_id
     on_rabbitmq, _ = _outbox(make_outbox, schema)
     assert install(on_rabbitmq, outbox_app(rabbitmq_url)).broker_identity() is None
+    # Known from the URL, without a connection (the claimer asks every second): none is made
+    # to a RabbitMQ that is not there.
+    nowhere, _ = _outbox(make_outbox, schema)
+    assert (
+        install(nowhere, outbox_app("amqp://guest:guest@127.0.0.1:1//")).broker_identity() is None
+    )
 
 
 def test_a_soft_time_limit_in_the_waiting_thread_cancels_the_attempt() -> None:

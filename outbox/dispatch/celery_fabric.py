@@ -131,13 +131,15 @@ class CeleryDispatch:
                 conn.default_channel.client.ping()
 
     def broker_identity(self) -> str | None:
-        """A Redis transport's ``run_id``; None on RabbitMQ (durable queues, persistent
-        messages) and any other transport."""
-        with self.app.connection_for_write() as conn:
+        """A Redis transport's ``run_id``, over a pooled connection (the claimer asks every
+        second); None on RabbitMQ (durable queues, persistent messages) and any other
+        transport, known without connecting."""
+        with self.app.connection_for_write() as unconnected:
+            if unconnected.transport.driver_type != "redis":
+                return None
+        with self.app.pool.acquire(block=True) as conn:
             conn.ensure_connection(max_retries=0)
-            if conn.transport.driver_type == "redis":
-                return redis_run_id(conn.default_channel.client)
-        return None
+            return redis_run_id(conn.default_channel.client)
 
 
 def app_from_settings(settings: Settings) -> Celery:
