@@ -37,6 +37,7 @@ from benchmarks.common import (
     noop_request,
     percentile,
 )
+from benchmarks.restarts import Caught
 from benchmarks.rig import ACTIONS_PER_MESSAGE, PROCESSES, THREADS, rig
 
 #: Seconds each provider call takes after its fence.
@@ -136,8 +137,7 @@ def _result(
     latencies = [row[2] - row[3] for row in rows]
     drain = max(ended.values()) - min(row[3] for row in rows)
     lost = [i for i in pending if ended[i] > down]
-    recovered = max((ended[i] - back for i in lost), default=0.0)
-    resume = min((at - back for at in ended.values() if at > back), default=0.0)
+    caught = Caught.of(ended, lost, back, LEASE)
     return Result(
         scenario="broker-restart",
         n=n,
@@ -152,10 +152,8 @@ def _result(
             "downtime_ms": ms(back - down),
             "lease_s": LEASE,
             "provider_call_s": PROVIDER_SECONDS,
-            "resume_ms": ms(resume),
             "lost": len(lost),
-            "recovered_ms": ms(recovered),
-            "left_to_lease": sum(1 for i in lost if ended[i] - back > LEASE / 2),
+            **caught.report(),
             "not_done": sum(1 for row in rows if row[1] != "DONE"),
             "latency_is": "enqueue commit -> end, the drain with the restart",
         },

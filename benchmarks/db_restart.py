@@ -29,6 +29,7 @@ import psycopg
 
 from benchmarks.chaos.servers import PrivatePostgres, missing_binaries
 from benchmarks.common import Result, Scale, migrated_outbox, ms, noop_request, percentile
+from benchmarks.restarts import Caught
 from benchmarks.rig import rig
 from outbox import enqueue
 
@@ -138,10 +139,7 @@ def _result(enqueuer: Enqueuer, rows: list[tuple[Any, ...]], down: float, back: 
     committed = enqueuer.committed
     ended = {row[0]: row[2] for row in rows}
     caught = [i for i, at in committed.items() if at < down and ended[i] > down]
-    after_back = sorted(at for at in ended.values() if at > back)
-    resume = after_back[0] - back if after_back else 0.0
-    # With nothing caught (a tiny run), the time to the first end after the restart.
-    recovered = max((ended[i] - back for i in caught), default=resume)
+    outcome = Caught.of(ended, caught, back, LEASE)
     latencies = [ended[i] - at for i, at in committed.items()]
     return Result(
         scenario="db-restart",
@@ -149,16 +147,14 @@ def _result(enqueuer: Enqueuer, rows: list[tuple[Any, ...]], down: float, back: 
         actions_per_s=RATE,
         p50_ms=ms(percentile(latencies, 50)),
         p99_ms=ms(percentile(latencies, 99)),
-        ratio=round(recovered / DOWNTIME, 3),
+        ratio=round(outcome.recovered / DOWNTIME, 3),
         ratio_to="downtime",
         extra={
             "downtime_ms": ms(back - down),
             "lease_s": LEASE,
             "provider_call_s": PROVIDER_SECONDS,
             "caught": len(caught),
-            "resume_ms": ms(resume),
-            "recovered_ms": ms(recovered),
-            "left_to_lease": sum(1 for i in caught if ended[i] - back > LEASE / 2),
+            **outcome.report(),
             "not_done": sum(1 for row in rows if row[1] != "DONE"),
             "enqueues_failed": enqueuer.failed,
             "enqueues_dropped": enqueuer.dropped,
