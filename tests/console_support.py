@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -77,14 +76,5 @@ def running_console(
     try:
         yield Console(f"http://127.0.0.1:{server.effective_port}", server)
     finally:
-        # Closed in the server's own thread: closing its sockets from here raced the select it
-        # sat in (EBADF in that thread). With nothing left in its map, its loop returns.
-        server.trigger.pull_trigger(lambda: _close_all(server))  # type: ignore[attr-defined]
-        thread.join(10)
-        server.task_dispatcher.shutdown()  # type: ignore[attr-defined]
+        server.close()
         pool.close()
-
-
-def _close_all(server: Any) -> None:
-    for dispatcher in list(server._map.values()):
-        dispatcher.close()
