@@ -32,7 +32,8 @@ CREATE TABLE outbox.agent_action (
     retry_reason text,
     earlier_write_at timestamp with time zone,
     priority smallint DEFAULT 0 NOT NULL,
-    limit_key text
+    limit_key text,
+    claimed_by text
 )
 WITH (fillfactor='70');
 

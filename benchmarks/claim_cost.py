@@ -174,6 +174,7 @@ class Case:
                     "limit": BATCH,
                     "lease": LEASE,
                     "take": False,
+                    "claimer": None,
                     # The statement of a claim: it reclaims and walks the limit keys itself.
                     "reclaim": True,
                     "heads": True,

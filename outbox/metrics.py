@@ -60,7 +60,8 @@ HANDED_ON = Counter(
 GIVEN_BACK = Counter(
     "outbox_claims_given_back",
     "Claims a claimer gave back unrun, due again at once, by why: their push failed "
-    "(push_failed), or the broker that held their messages restarted (broker_restarted)",
+    "(push_failed), the broker that held their messages restarted (broker_restarted), or the "
+    "claimer that made them was killed before its push (claimer_lost)",
     ["reason"],
 )
 

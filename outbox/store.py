@@ -93,6 +93,7 @@ def claim_operation(
     reclaims_of: Collection[str] | None = None,
     key_caps: Mapping[str, int] | None = None,
     cursor: dict[str, str] | None = None,
+    claimer: str | None = None,
 ) -> Operation[list[ClaimedAction]]:
     """Per kind, reclaims of expired leases first (they wait for nothing), then due lane heads
     (none for the kinds in ``reclaims_only``), in one statement (``claim_heads``); first the
@@ -110,6 +111,8 @@ def claim_operation(
     robin from one claim to the next: give the same dict to every claim of one claimer.
     ``reclaims_of``: only these kinds may have leases that ran out (the caller counted them in
     this transaction), so the others' claims skip the reclaim; None looks for every kind.
+    ``claimer``: the heartbeat process id of the claimer that pushes what it claims (its claims
+    name it, for ``release_lost_claims_operation``); None in process.
     """
     q = queries_for(schema)
     paused: frozenset[str] = frozenset()
@@ -122,7 +125,7 @@ def claim_operation(
     for kind, limit in limits.items():
         if limit <= 0 or kind in paused:
             continue
-        params = {"kind": kind, "limit": limit, "lease": lease, "take": take}
+        params = {"kind": kind, "limit": limit, "lease": lease, "take": take, "claimer": claimer}
         reclaim = reclaims_of is None or kind in reclaims_of
         heads = kind not in reclaims_only
         if heads or reclaim:
@@ -143,10 +146,12 @@ def claim_heads_statement(
 ) -> Statement:
     """The first (often the only) ``claim_heads`` of one kind: up to ``left`` actions, its
     reclaims (unless ``reclaim`` is False), then due heads (unless ``heads`` is False), a fair
-    share of each limit key's, walking the keys after the one ``cursor`` holds for the kind."""
+    share of each limit key's, walking the keys after the one ``cursor`` holds for the kind.
+    ``params``' ``claimer`` (None when it has none) names the claimer in each claim."""
     return Statement(
         q["claim_heads"],
         {
+            "claimer": None,
             **params,
             "reclaim": reclaim,
             "heads": heads,
@@ -229,6 +234,29 @@ def release_untaken_claims_operation(
     messages restarted): each becomes ADMITTED and due now. Returns the tokens it gave back."""
     rows = yield Statement(queries_for(schema)["release_untaken_claims"], {"kinds": list(kinds)})
     return list(_by_token(rows))
+
+
+@dataclass(frozen=True, slots=True)
+class LostClaim:
+    """An untaken claim given back because its claimer's heartbeat stopped."""
+
+    token: FenceToken
+    kind: str
+    claimer: str
+
+
+def release_lost_claims_operation(
+    schema: str, claimer: str, silent: timedelta
+) -> Operation[list[LostClaim]]:
+    """Gives back the untaken claims of every other claimer whose heartbeat is older than
+    ``silent`` (killed between its claim's commit and its push): each becomes ADMITTED and due
+    now. ``claimer``: the caller's own heartbeat process id."""
+    params = {"claimer": claimer, "silent": silent}
+    rows = yield Statement(queries_for(schema)["release_claims_of_lost_claimers"], params)
+    return [
+        LostClaim(FenceToken(row["id"], row["epoch"]), row["kind"], row["claimed_by"])
+        for row in rows
+    ]
 
 
 #: A fence a caller asks for: its token, the write margin, the provider reference it records,
@@ -415,13 +443,20 @@ class Store:
         *,
         take: bool = True,
         key_caps: Mapping[str, int] | None = None,
+        claimer: str | None = None,
     ) -> list[ClaimedAction]:
         """Claims; with ``take`` (an executor in this process runs what it claims) it takes at
-        once, without (a claimer that pushes) it leaves the take to a worker. The fold and the
-        claim run in one transaction: the fold's statement sets how the claim is planned
-        (``lane_intake``)."""
+        once, without (a claimer that pushes, named by ``claimer``) it leaves the take to a
+        worker. The fold and the claim run in one transaction: the fold's statement sets how the
+        claim is planned (``lane_intake``)."""
         op = claim_operation(
-            self.schema, limits, lease, take=take, key_caps=key_caps, cursor=self.fair_cursor
+            self.schema,
+            limits,
+            lease,
+            take=take,
+            key_caps=key_caps,
+            cursor=self.fair_cursor,
+            claimer=claimer,
         )
         return await self.run(op, transaction=True)
 

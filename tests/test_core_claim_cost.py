@@ -84,6 +84,7 @@ def claim_plan(conn, schema: str, limit: int = 100) -> dict:
                 "limit": limit,
                 "lease": timedelta(minutes=5),
                 "take": False,
+                "claimer": None,
                 # Every action here is of workspace 'w': one limit key, its whole share.
                 "reclaim": True,
                 "heads": True,

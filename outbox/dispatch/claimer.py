@@ -5,7 +5,9 @@ advisory lock (so replicas together keep the bound), it counts each kind's in-fl
 (EXECUTING with a live lease), claims at most ``in_flight`` minus that many (and at most
 ``batch_size``), commits, and only then pushes the claimed actions, up to
 ``actions_per_message`` a message. A claimer that dies between the commit and the push loses
-nothing: the action's lease runs out and the next round reclaims it under a new epoch.
+nothing: each claim names its claimer, and another claimer's housekeeping gives back the untaken
+claims of one whose heartbeat stopped (``outbox.maintenance.lost_claimers``), or failing that
+the action's lease runs out and the next round reclaims it under a new epoch.
 
 No claimer holds up another for long (``claim_guard``: server-side bounds on each round's
 transaction), and a broker that stalls or is down never freezes the loop (``pushing``: pushes
@@ -174,6 +176,7 @@ def plan_claim_round(
     cursor: Mapping[str, str] | None = None,
     *,
     locked: bool = False,
+    claimer: str | None = None,
 ) -> Operation[ClaimPlan]:
     """Folds the lane intake, counts in-flight and unconsumed claims per kind, and decides each
     kind's claim up to the bound (one probe for a kind whose claims no worker takes); run it in
@@ -181,7 +184,8 @@ def plan_claim_round(
     or the claimer's ``close_claim_round``). A kind's concurrency cap (``kind_limits``) lowers
     its bound below ``in_flight``; its per-key cap bounds each limit key's share
     (``claim_heads``). It takes the claim lock first, unless ``locked`` (the transaction took
-    it already: ``open_claim_round``)."""
+    it already: ``open_claim_round``). ``claimer``: the claimer's heartbeat process id, which
+    its claims name (``outbox.maintenance.lost_claimers``)."""
     kind_limits = kind_limits or {}
     cursor = cursor or {}
     q = queries_for(schema)
@@ -240,7 +244,7 @@ def plan_claim_round(
         if limit <= 0 or not (reclaim or (heads and kind in heads_waiting)):
             continue
         cap = kind_limits[kind].key_concurrency if kind in kind_limits else None
-        asked = {"kind": kind, "limit": limit, "lease": lease, "take": False}
+        asked = {"kind": kind, "limit": limit, "lease": lease, "take": False, "claimer": claimer}
         statement = claim_heads_statement(q, asked, limit, cap, cursor, reclaim, heads)
         claims.append(KindClaim(kind, limit, statement))
     consumed = {kind: n for kind, n in limits.items() if kind not in probing}
@@ -265,6 +269,7 @@ def bounded_claim_operation(
     cursor: dict[str, str] | None = None,
     *,
     locked: bool = False,
+    claimer: str | None = None,
 ) -> Operation[Round]:
     """A whole claim round's statements (``plan_claim_round``, then each kind's claim, one at a
     time); run it in a transaction. The claimer sends the claims together with its COMMIT
@@ -280,6 +285,7 @@ def bounded_claim_operation(
         kind_limits,
         cursor,
         locked=locked,
+        claimer=claimer,
     )
     answers: list[Rows] = []
     for statement in plan.statements:
@@ -307,17 +313,21 @@ class Claimer:
         if unknown:
             raise ValueError(f"no actor installed for kinds {sorted(unknown)}")
         self._listener: psycopg.AsyncConnection[Any] | None = None
-        #: Lost leases, expiry, retention and the backlog gauges, each on its own interval.
-        self.maintenance = Maintenance.for_claimer(store, self.settings, dispatch.outbox.observers)
         self.watch = ConsumptionWatch()
         #: The last round's in-flight counts, for the heartbeat.
         self._in_flight_now = 0
+        #: Its process id names this claimer in its claims (``agent_action.claimed_by``).
         self.heartbeat = Heartbeat(
             store,
             "claimer",
             self.kinds,
             lambda: self._in_flight_now,
             self.settings.heartbeat_interval.total_seconds(),
+        )
+        #: Lost claimers' claims, lost leases, expiry, retention and the backlog gauges, each on
+        #: its own interval.
+        self.maintenance = Maintenance.for_claimer(
+            store, self.settings, dispatch.outbox.observers, claimer=self.heartbeat.process_id
         )
         #: Each kind's rate limits and concurrency caps (declared, then OUTBOX_LIMITS).
         self.kind_limits = dispatch.outbox.kind_limits()
@@ -355,6 +365,7 @@ class Claimer:
             self.kind_limits,
             self.fair_cursor,
             locked=True,
+            claimer=self.heartbeat.process_id,
         )
         # The BEGIN, the guard (bounds and the claim lock) and the round's first statement go
         # in one round trip (``open_claim_round``), then each kind's claim and the COMMIT in
@@ -531,6 +542,9 @@ class Claimer:
             event_loop.loop_name(asyncio.get_running_loop()),
         )
         self.loop_pusher = self.dispatch.loop_push()
+        # Its row exists before its first claim: a claim whose claimer has no row (one that
+        # stopped cleanly) is never taken for a lost claimer's.
+        await self.heartbeat.beat()
         beating = asyncio.Event()
         heartbeat = asyncio.create_task(self.heartbeat.run(beating))
         housekeeping = asyncio.create_task(self.housekeep(beating))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from outbox.maintenance.expiry import Expiry
 from outbox.maintenance.gauges import BacklogGauges
+from outbox.maintenance.lost_claimers import LostClaimers
 from outbox.maintenance.lost_leases import LostLeases
 from outbox.maintenance.operator_rows import ParkedPayloads, StaleProcesses
 from outbox.maintenance.retention import Retention
@@ -49,13 +50,20 @@ class Maintenance:
         store: Store,
         settings: Settings,
         observers: Iterable[ExecutorObserver] | None = None,
+        claimer: str | None = None,
     ) -> Maintenance:
         """Every service, each every ``settings.housekeeping_interval``; the ends are reported
-        to ``observers``."""
+        to ``observers``. ``claimer``: the claimer's heartbeat process id, which adds the
+        giving back of lost claimers' claims (before the lost leases: a claim given back does
+        not wait for its lease)."""
         every = settings.housekeeping_interval
+        lost_claimers = (
+            [LostClaimers(every, claimer, settings.heartbeat_interval)] if claimer else []
+        )
         return cls(
             store,
             [
+                *lost_claimers,
                 LostLeases(every, observers=observers),
                 Expiry(every, observers=observers),
                 Retention(every, settings.retention),

@@ -167,6 +167,9 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
 -- (not one of its own) so that a claim is one round trip; every row returned carries the keys
 -- claimed over (`walked`, for the caller's round robin), and a claim that found nothing returns
 -- one row of NULLs with them.
+-- Each claim names its claimer (`claimer`: its heartbeat process id; NULL in process), whose
+-- untaken claims another claimer gives back once its heartbeat stops
+-- (release_claims_of_lost_claimers).
 -- With `reclaim`, the kind's reclaims come first, in the same statement (one round trip a
 -- claim): executing actions whose lease expired are claimed again at once, without waiting for
 -- their lane, so a lane whose holder crashed does not stall; never an at-most-once action whose
@@ -198,7 +201,8 @@ WITH RECURSIVE expired AS (
     UPDATE {schema}.agent_action a
        SET epoch = a.epoch + 1, lease_until = now() + %(lease)s,
            attempt = a.attempt + %(take)s::int,
-           taken_epoch = CASE WHEN %(take)s THEN a.epoch + 1 ELSE a.taken_epoch END
+           taken_epoch = CASE WHEN %(take)s THEN a.epoch + 1 ELSE a.taken_epoch END,
+           claimed_by = %(claimer)s::text
       FROM expired
      WHERE a.id = expired.id
     RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
@@ -324,7 +328,8 @@ WITH RECURSIVE expired AS (
     UPDATE {schema}.agent_action a
        SET state = 'EXECUTING', epoch = a.epoch + 1, lease_until = now() + %(lease)s,
            attempt = a.attempt + %(take)s::int,
-           taken_epoch = CASE WHEN %(take)s THEN a.epoch + 1 ELSE a.taken_epoch END
+           taken_epoch = CASE WHEN %(take)s THEN a.epoch + 1 ELSE a.taken_epoch END,
+           claimed_by = %(claimer)s::text
       FROM ready
      WHERE a.ctid = ready.tid
     RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
@@ -527,6 +532,30 @@ UPDATE {schema}.agent_action a
    AND a.taken_epoch IS DISTINCT FROM a.epoch
    AND a.write_started_at IS NULL
 RETURNING a.id, a.epoch
+
+-- name: release_claims_of_lost_claimers
+-- The claims a claimer made and no worker took, once that claimer's heartbeat stopped for longer
+-- than `silent` (SIGKILLed or OOM-killed between its claim's commit and its push, or its
+-- machine gone): each becomes ADMITTED and due now, as release_claims does (epoch and attempt
+-- unchanged; a message of that epoch that the claimer did push is dropped by the worker's take).
+-- Never this claimer's own (`claimer`), nor those of a claimer that stopped cleanly (it took its
+-- heartbeat row away after pushing what it claimed). A lost claimer's row stays until
+-- maintenance prunes it, so the probe costs a lookup of the process rows when no claimer was
+-- lost, and a read of ix_agent_action_lease (executing actions only) when one was.
+WITH lost AS (
+    SELECT p.process_id
+      FROM {schema}.outbox_process p
+     WHERE p.role = 'claimer' AND p.process_id <> %(claimer)s
+       AND p.last_seen < now() - %(silent)s
+)
+UPDATE {schema}.agent_action a
+   SET state = 'ADMITTED', available_at = now(), lease_until = NULL
+  FROM lost
+ WHERE a.claimed_by = lost.process_id
+   AND a.state = 'EXECUTING' AND a.lease_until IS NOT NULL
+   AND a.taken_epoch IS DISTINCT FROM a.epoch
+   AND a.write_started_at IS NULL
+RETURNING a.id, a.epoch, a.kind, a.claimed_by
 
 -- name: listen_enqueues
 -- Wakes this connection on every enqueueing statement (trigger agent_action_inserted, 0004)

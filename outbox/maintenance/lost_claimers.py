@@ -1,0 +1,60 @@
+"""Lost claimers: the claims of a claimer killed between its claim's commit and its push.
+
+A claimer commits its claims, then pushes them. Killed in between (SIGKILL, an OOM kill, its
+machine gone), it leaves claims that no broker holds: without this, each waits out its lease
+(5 minutes by default) counted in flight, and then stalls its kind as unconsumed until a probe
+goes round. Each claim names its claimer (``agent_action.claimed_by``: the heartbeat process id),
+so every live claimer's housekeeping gives back the untaken claims of a claimer whose heartbeat
+has been silent for as long as ``outbox status`` takes to call a process gone (three heartbeat
+intervals): they are due again at once, same epoch, no attempt spent. A message of such a claim
+that did reach the broker is dropped by the worker's take; a claimer that was only paused and
+pushes later pushes tokens whose claims moved on. Either costs a message, never a run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from outbox import metrics
+from outbox.maintenance.service import MaintenanceService
+from outbox.operator.processes import LIVE_INTERVALS
+from outbox.store import release_lost_claims_operation
+
+if TYPE_CHECKING:
+    from outbox.store import Store
+
+log = logging.getLogger("outbox.claimer")
+
+
+class LostClaimers(MaintenanceService):
+    """Gives back the untaken claims of claimers silent for ``heartbeat_interval`` times
+    ``LIVE_INTERVALS``; ``claimer`` is the calling claimer's own heartbeat process id."""
+
+    name = "lost_claimers"
+    failure = "giving back a lost claimer's claims failed; trying again at the next housekeeping"
+
+    def __init__(self, interval: timedelta, claimer: str, heartbeat_interval: timedelta) -> None:
+        super().__init__(interval)
+        self.claimer = claimer
+        self.silent = heartbeat_interval * LIVE_INTERVALS
+
+    async def run(self, store: Store) -> int:
+        lost = await store.run(
+            release_lost_claims_operation(store.schema, self.claimer, self.silent)
+        )
+        metrics.record_given_back("claimer_lost", len(lost))
+        for claimer, released in sorted(Counter(claim.claimer for claim in lost).items()):
+            kinds = sorted({claim.kind for claim in lost if claim.claimer == claimer})
+            log.warning(
+                "claimer %s has been silent for over %ss; gave back %s of its claims no worker "
+                "had taken (kinds %s; due again now)",
+                claimer,
+                int(self.silent.total_seconds()),
+                released,
+                ", ".join(kinds),
+                extra={"event": "claimer_lost", "claimer": claimer, "released": released},
+            )
+        return len(lost)

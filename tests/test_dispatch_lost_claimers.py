@@ -1,0 +1,183 @@
+"""A claimer killed between its claim's commit and its push: its claims name it, and another
+claimer gives back those no worker took once its heartbeat has been silent for three heartbeat
+intervals, instead of leaving them to their lease (outbox.maintenance.lost_claimers)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+from dispatch_support import DispatchRig
+from prometheus_client import REGISTRY
+
+from outbox import ActionRequest
+from outbox.fence_token import FenceToken
+from outbox.maintenance.lost_claimers import LostClaimers
+from outbox.maintenance.runner import Maintenance
+from tests.apps import dispatch_app
+
+#: A lease far longer than the tests wait: what ends in time was given back, not reclaimed.
+LONG_LEASE = {
+    "OUTBOX_LEASE_SECONDS": "60",
+    "OUTBOX_WRITE_MARGIN_SECONDS": "1",
+    "OUTBOX_POLL_INTERVAL_SECONDS": "0.5",
+    "OUTBOX_HOUSEKEEPING_INTERVAL_SECONDS": "0.5",
+    "OUTBOX_HEARTBEAT_INTERVAL_SECONDS": "1",
+    "OUTBOX_POOL_SIZE": "4",
+}
+
+
+@pytest.fixture
+def rig(database_url: str, schema: str, redis_url: str) -> Iterator[DispatchRig]:
+    rig = DispatchRig(database_url, schema, redis_url, dict(LONG_LEASE))
+    rig.outbox().migrate()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        dispatch_app.create_tables(conn, schema)
+    try:
+        yield rig
+    finally:
+        list(rig.stop_all())
+        client = redis.Redis.from_url(redis_url, socket_timeout=2)
+        for name in rig.queues:
+            for key in client.scan_iter(match=f"*{name}*"):
+                client.delete(key)
+
+
+def _given_back() -> float:
+    labels = {"reason": "claimer_lost"}
+    return REGISTRY.get_sample_value("outbox_claims_given_back_total", labels) or 0.0
+
+
+def test_claims_of_a_claimer_killed_before_its_push_run_within_seconds_not_a_lease(
+    rig: DispatchRig,
+) -> None:
+    stalled = rig.claimer(DISPATCH_APP_STALL_PUSH="1")
+    ids = rig.enqueue(rig.rb, lanes=6, per_lane=1)
+    rig.wait_rows("dispatch_stall", 1)  # a claim committed; its push never happens
+    with rig.connect() as conn:
+        held = [r["id"] for r in rig.actions(conn, ids) if r["state"] == "EXECUTING"]
+    assert held, "nothing was claimed"
+    stalled.kill()
+    killed = time.monotonic()
+
+    rig.worker(threads=4)
+    claimer = rig.claimer()
+    rows = rig.wait_ended(ids, timeout=20)  # the lease is 60 s
+    print(f"\n{len(held)} lost claims ended {time.monotonic() - killed:.1f}s after the kill")
+    assert {r["state"] for r in rows} == {"DONE"}
+    by_id = {r["id"]: r for r in rows}
+    # Given back unrun: no attempt spent; claimed again under a new epoch.
+    assert all((by_id[i]["attempt"], by_id[i]["epoch"]) == (1, 2) for i in held)
+    assert sorted((c["action_id"], c["epoch"]) for c in rig.calls() if c["action_id"] in held) == [
+        (i, 2) for i in sorted(held)
+    ]
+    output = claimer.output()
+    assert "has been silent for over 3s; gave back" in output, output
+    assert f"gave back {len(held)} of its claims" in output, output
+
+
+@pytest.fixture
+def outbox(make_outbox: Any, schema: str) -> Any:
+    built = dispatch_app.build(
+        make_outbox().settings.require_database_url(), schema, schema.upper()
+    )
+    built.migrate()
+    return built
+
+
+def _enqueue(outbox: Any, kind: str, n: int) -> list[int]:
+    with psycopg.connect(outbox.settings.require_database_url()) as conn:
+        return [
+            outbox.enqueue(
+                conn,
+                ActionRequest(
+                    kind=kind,
+                    workspace_id="w1",
+                    lane_key=f"lane-{i}",
+                    idempotency_key=f"lost-{i}",
+                    payload={},
+                ),
+            ).id
+            for i in range(n)
+        ]
+
+
+def _heartbeat(conn: psycopg.Connection[Any], process_id: str, silent_for: float) -> None:
+    conn.execute(
+        "INSERT INTO outbox_process (process_id, role, host, pid, started_at, last_seen)"
+        " VALUES (%s, 'claimer', 'h', 1, now() - interval '1 hour',"
+        " now() - make_interval(secs => %s))",
+        (process_id, silent_for),
+    )
+
+
+async def test_only_untaken_claims_of_claimers_silent_past_three_beats_are_given_back(
+    outbox: Any, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    kind = dispatch_app.kinds(schema.upper())[0].name
+    lease = timedelta(seconds=60)
+    _enqueue(outbox, kind, 9)
+    async with outbox.store() as store:
+        lost = await store.claim({kind: 3}, lease, take=False, claimer="lost")
+        live = await store.claim({kind: 2}, lease, take=False, claimer="live")
+        stopped = await store.claim({kind: 2}, lease, take=False, claimer="stopped-cleanly")
+        mine = await store.claim({kind: 1}, lease, take=False, claimer="me")
+        ran = await store.claim({kind: 1}, lease, take=True)
+        taken = lost[0].action.token
+        assert await store.take_attempt(taken) is not None
+        with psycopg.connect(outbox.settings.require_database_url(), autocommit=True) as conn:
+            conn.execute(f'SET search_path TO "{schema}"')
+            _heartbeat(conn, "lost", 16)
+            _heartbeat(conn, "live", 2)
+            _heartbeat(conn, "me", 16)  # a claimer never gives back its own claims
+            # "stopped-cleanly" took its row away: it pushed what it claimed.
+            names = dict(conn.execute("SELECT id, claimed_by FROM agent_action").fetchall())
+        assert names[ran[0].action.id] is None, "an in-process claim names no claimer"
+        assert {names[c.action.id] for c in lost} == {"lost"}
+
+        counted = _given_back()
+        service = LostClaimers(timedelta(0), "me", heartbeat_interval=timedelta(seconds=5))
+        with caplog.at_level(logging.WARNING, logger="outbox.claimer"):
+            assert await service.run(store) == 2
+        assert await service.run(store) == 0, "given back once"
+        assert _given_back() == counted + 2
+        [record] = [r for r in caplog.records if getattr(r, "event", "") == "claimer_lost"]
+        assert (record.claimer, record.released) == ("lost", 2)  # type: ignore[attr-defined]
+
+        given_back = {c.action.id: c.action.epoch for c in lost[1:]}
+        kept = [c.action.id for c in [lost[0], *live, *stopped, *mine]]
+        with psycopg.connect(outbox.settings.require_database_url(), autocommit=True) as conn:
+            rows = {
+                row[0]: row[1:]
+                for row in conn.execute(
+                    f'SELECT id, state, epoch, attempt, lease_until FROM "{schema}".agent_action'
+                )
+            }
+        for action_id, epoch in given_back.items():
+            assert rows[action_id] == ("ADMITTED", epoch, 0, None)
+        assert {rows[i][0] for i in kept} == {"EXECUTING"}
+
+        # Claimed again under a new epoch; a message of the old one finds nothing to take.
+        again = await store.claim({kind: 9}, lease, take=False, claimer="me")
+        assert {c.action.id: c.action.epoch for c in again} == {
+            i: e + 1 for i, e in given_back.items()
+        }
+        for action_id, epoch in given_back.items():
+            assert await store.take_attempt(FenceToken(action_id, epoch)) is None
+
+
+async def test_a_claimers_housekeeping_gives_back_lost_claims_other_housekeeping_does_not(
+    outbox: Any,
+) -> None:
+    async with outbox.store() as store:
+        claimer = Maintenance.for_claimer(store, outbox.settings, claimer="me")
+        assert "lost_claimers" in claimer.turns
+        assert "lost_claimers" not in Maintenance.for_claimer(store, outbox.settings).turns
+        [service] = [s for s in claimer.services if isinstance(s, LostClaimers)]
+        assert service.silent == outbox.settings.heartbeat_interval * 3
