@@ -4,6 +4,7 @@ intervals, instead of leaving them to their lease (outbox.maintenance.lost_claim
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterator
@@ -12,41 +13,26 @@ from typing import Any
 
 import psycopg
 import pytest
-import redis
 from dispatch_support import DispatchRig
+from fault_support import fault_rig
 from prometheus_client import REGISTRY
 
-from outbox import ActionRequest
 from outbox.fence_token import FenceToken
 from outbox.maintenance.lost_claimers import LostClaimers
 from outbox.maintenance.runner import Maintenance
-from tests.apps import dispatch_app
 
 #: A lease far longer than the tests wait: what ends in time was given back, not reclaimed.
 LONG_LEASE = {
     "OUTBOX_LEASE_SECONDS": "60",
     "OUTBOX_WRITE_MARGIN_SECONDS": "1",
-    "OUTBOX_POLL_INTERVAL_SECONDS": "0.5",
-    "OUTBOX_HOUSEKEEPING_INTERVAL_SECONDS": "0.5",
     "OUTBOX_HEARTBEAT_INTERVAL_SECONDS": "1",
-    "OUTBOX_POOL_SIZE": "4",
 }
 
 
 @pytest.fixture
 def rig(database_url: str, schema: str, redis_url: str) -> Iterator[DispatchRig]:
-    rig = DispatchRig(database_url, schema, redis_url, dict(LONG_LEASE))
-    rig.outbox().migrate()
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        dispatch_app.create_tables(conn, schema)
-    try:
+    with fault_rig(database_url, schema, redis_url, **LONG_LEASE) as rig:
         yield rig
-    finally:
-        list(rig.stop_all())
-        client = redis.Redis.from_url(redis_url, socket_timeout=2)
-        for name in rig.queues:
-            for key in client.scan_iter(match=f"*{name}*"):
-                client.delete(key)
 
 
 def _given_back() -> float:
@@ -83,29 +69,11 @@ def test_claims_of_a_claimer_killed_before_its_push_run_within_seconds_not_a_lea
 
 
 @pytest.fixture
-def outbox(make_outbox: Any, schema: str) -> Any:
-    built = dispatch_app.build(
-        make_outbox().settings.require_database_url(), schema, schema.upper()
-    )
-    built.migrate()
-    return built
-
-
-def _enqueue(outbox: Any, kind: str, n: int) -> list[int]:
-    with psycopg.connect(outbox.settings.require_database_url()) as conn:
-        return [
-            outbox.enqueue(
-                conn,
-                ActionRequest(
-                    kind=kind,
-                    workspace_id="w1",
-                    lane_key=f"lane-{i}",
-                    idempotency_key=f"lost-{i}",
-                    payload={},
-                ),
-            ).id
-            for i in range(n)
-        ]
+def store_rig(database_url: str, schema: str) -> DispatchRig:
+    """The test app's schema, for tests that claim from this process (no broker)."""
+    rig = DispatchRig(database_url, schema, "", {})
+    rig.outbox().migrate()
+    return rig
 
 
 def _heartbeat(conn: psycopg.Connection[Any], process_id: str, silent_for: float) -> None:
@@ -118,11 +86,11 @@ def _heartbeat(conn: psycopg.Connection[Any], process_id: str, silent_for: float
 
 
 async def test_only_untaken_claims_of_claimers_silent_past_three_beats_are_given_back(
-    outbox: Any, schema: str, caplog: pytest.LogCaptureFixture
+    store_rig: DispatchRig, schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    kind = dispatch_app.kinds(schema.upper())[0].name
+    outbox, kind = store_rig.outbox(), store_rig.rb
     lease = timedelta(seconds=60)
-    _enqueue(outbox, kind, 9)
+    await asyncio.to_thread(store_rig.enqueue, kind, lanes=9, per_lane=1)
     async with outbox.store() as store:
         lost = await store.claim({kind: 3}, lease, take=False, claimer="lost")
         live = await store.claim({kind: 2}, lease, take=False, claimer="live")
@@ -173,8 +141,9 @@ async def test_only_untaken_claims_of_claimers_silent_past_three_beats_are_given
 
 
 async def test_a_claimers_housekeeping_gives_back_lost_claims_other_housekeeping_does_not(
-    outbox: Any,
+    store_rig: DispatchRig,
 ) -> None:
+    outbox = store_rig.outbox()
     async with outbox.store() as store:
         claimer = Maintenance.for_claimer(store, outbox.settings, claimer="me")
         assert "lost_claimers" in claimer.turns
