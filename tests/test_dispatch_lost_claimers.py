@@ -20,6 +20,7 @@ from prometheus_client import REGISTRY
 from outbox.fence_token import FenceToken
 from outbox.maintenance.lost_claimers import LostClaimers
 from outbox.maintenance.runner import Maintenance
+from outbox.status import inspect, render_inspect
 
 #: A lease far longer than the tests wait: what ends in time was given back, not reclaimed.
 LONG_LEASE = {
@@ -150,3 +151,22 @@ async def test_a_claimers_housekeeping_gives_back_lost_claims_other_housekeeping
         assert "lost_claimers" not in Maintenance.for_claimer(store, outbox.settings).turns
         [service] = [s for s in claimer.services if isinstance(s, LostClaimers)]
         assert service.silent == outbox.settings.heartbeat_interval * 3
+
+
+async def test_inspect_names_the_claimer_of_an_executing_action(
+    store_rig: DispatchRig, schema: str
+) -> None:
+    outbox, kind = store_rig.outbox(), store_rig.rb
+    await asyncio.to_thread(store_rig.enqueue, kind, lanes=2, per_lane=1)
+    lease = timedelta(seconds=60)
+    async with outbox.store() as store:
+        [pushed] = await store.claim({kind: 1}, lease, take=False, claimer="host:42:1700000000000")
+        [ran] = await store.claim({kind: 1}, lease, take=True)
+    with psycopg.connect(store_rig.database_url) as conn:
+        claimed = inspect(conn, pushed.action.id, schema=schema)
+        in_process = inspect(conn, ran.action.id, schema=schema)
+    assert claimed is not None and in_process is not None
+    assert claimed["claimed_by"] == "host:42:1700000000000"
+    assert "claimed by: host:42:1700000000000" in render_inspect(claimed)
+    assert in_process["claimed_by"] is None
+    assert "claimed by" not in render_inspect(in_process)
