@@ -170,3 +170,48 @@ async def test_inspect_names_the_claimer_of_an_executing_action(
     assert "claimed by: host:42:1700000000000" in render_inspect(claimed)
     assert in_process["claimed_by"] is None
     assert "claimed by" not in render_inspect(in_process)
+
+
+async def test_a_give_back_racing_the_workers_takes_leaves_each_claim_taken_or_given_back(
+    store_rig: DispatchRig, schema: str
+) -> None:
+    """Workers take a lost claimer's claims (their messages did reach the broker) while another
+    claimer gives them back: each ends up either taken (and runs) or given back (and is claimed
+    again), never both, never neither."""
+    outbox, kind = store_rig.outbox(), store_rig.rb
+    await asyncio.to_thread(store_rig.enqueue, kind, lanes=60, per_lane=1)
+    lease = timedelta(seconds=60)
+    async with outbox.store() as store:
+        claimed = await store.claim({kind: 60}, lease, take=False, claimer="lost")
+        assert len(claimed) == 60
+        with psycopg.connect(store_rig.database_url, autocommit=True) as conn:
+            conn.execute(f'SET search_path TO "{schema}"')
+            _heartbeat(conn, "lost", 16)
+        service = LostClaimers(timedelta(0), "me", heartbeat_interval=timedelta(seconds=5))
+        tokens = [c.action.token for c in claimed]
+        # Half the takes go in before the give-back starts, the rest race it.
+        early = await asyncio.gather(*(store.take_attempt(t) for t in tokens[::2]))
+        racing, given_back = await asyncio.gather(
+            asyncio.gather(*(store.take_attempt(t) for t in tokens[1::2])),
+            service.run(store),
+        )
+    taken = {
+        t.action_id
+        for t, got in zip([*tokens[::2], *tokens[1::2]], [*early, *racing], strict=True)
+        if got
+    }
+    assert {t.action_id for t in tokens[::2]} <= taken
+    with psycopg.connect(store_rig.database_url) as conn:
+        rows = {
+            row[0]: row[1:]
+            for row in conn.execute(
+                f'SELECT id, state, taken_epoch = epoch FROM "{schema}".agent_action'
+            )
+        }
+    assert len(taken) + given_back == 60
+    for token in tokens:
+        state, was_taken = rows[token.action_id]
+        if token.action_id in taken:
+            assert (state, was_taken) == ("EXECUTING", True)
+        else:
+            assert state == "ADMITTED" and not was_taken
