@@ -1049,9 +1049,9 @@ ALTER TABLE ONLY outbox.agent_action
 ALTER TABLE ONLY outbox.webhook_subscription
     ADD CONSTRAINT webhook_subscription_pkey PRIMARY KEY (id);
 
--- index ix_agent_action_due
+-- index ix_agent_action_deferred
 
-CREATE INDEX ix_agent_action_due ON outbox.agent_action USING btree (kind, available_at) WHERE (state = 'ADMITTED'::text);
+CREATE INDEX ix_agent_action_deferred ON outbox.agent_action USING btree (kind, available_at) WHERE ((state = 'ADMITTED'::text) AND (available_at > created_at));
 
 -- index ix_agent_action_ended
 

@@ -798,9 +798,10 @@ SELECT f.id, f.epoch,
   LEFT JOIN handed h ON h.after_id = f.id
 
 -- name: make_due
--- Tests only (outbox.testing.drain): every admitted action that waits becomes due now.
+-- Tests only (outbox.testing.drain): every admitted action that waits becomes due now (read
+-- through ix_agent_action_deferred, as waits_by_kind).
 UPDATE {schema}.agent_action SET available_at = now()
- WHERE state = 'ADMITTED' AND available_at > now()
+ WHERE state = 'ADMITTED' AND available_at > now() AND available_at > created_at
 
 -- name: executing_by_kind
 -- Claimed and not yet finished, per kind: `n` with a lease that still runs (the in-flight
@@ -964,15 +965,19 @@ ON CONFLICT (name) DO UPDATE
 
 -- name: backlog_by_kind
 -- Per declared kind: admitted actions that are due (and not expired), and the age in seconds of
--- the oldest one by the database clock (0 when none). Reads ix_agent_action_due.
+-- the oldest one by the database clock (0 when none). Reads the waiting actions through
+-- ix_agent_action_lane_waiting (no index holds the due ones alone: an action due at its enqueue
+-- enters none, migration 0025), aggregated before the kinds are joined.
 SELECT k.name AS kind,
-       count(a.id) AS due,
-       coalesce(extract(epoch FROM now() - min(a.available_at)), 0)::float8 AS oldest_due_age
+       coalesce(d.due, 0) AS due,
+       coalesce(d.oldest_due_age, 0)::float8 AS oldest_due_age
   FROM {schema}.agent_action_kind k
-  LEFT JOIN {schema}.agent_action a
-    ON a.kind = k.name AND a.state = 'ADMITTED' AND a.available_at <= now()
-   AND (a.expires_at IS NULL OR a.expires_at > now())
- GROUP BY k.name
+  LEFT JOIN (SELECT a.kind, count(*) AS due,
+                    extract(epoch FROM now() - min(a.available_at)) AS oldest_due_age
+               FROM {schema}.agent_action a
+              WHERE a.state = 'ADMITTED' AND a.available_at <= now()
+                AND (a.expires_at IS NULL OR a.expires_at > now())
+              GROUP BY a.kind) d ON d.kind = k.name
  ORDER BY k.name
 
 -- name: blocked_lanes_by_kind
@@ -990,13 +995,15 @@ SELECT h.kind, count(*) AS lanes
 -- name: waits_by_kind
 -- Limits view (status, metrics, the console): per kind, admitted actions not yet due (scheduled
 -- by not_before, backing off after a retry, or deferred), how many of those wait for a rate
--- limit's slot, and when the next one is due. Reads ix_agent_action_due.
+-- limit's slot, and when the next one is due. Reads ix_agent_action_deferred: what is due later
+-- was deferred past its creation (the created_at test says so, for the planner to match the
+-- index's predicate).
 SELECT kind,
        count(*) AS waiting,
        count(*) FILTER (WHERE retry_reason = 'RATE_LIMITED') AS rate_limited,
        min(available_at) AS next_due_at
   FROM {schema}.agent_action
- WHERE state = 'ADMITTED' AND available_at > now()
+ WHERE state = 'ADMITTED' AND available_at > now() AND available_at > created_at
  GROUP BY kind
 
 -- name: executing_by_limit_key
