@@ -264,25 +264,32 @@ def test_a_kind_cap_lowers_the_claimers_in_flight_bound(make_outbox, conn, schem
 # -- one statement a claim ---------------------------------------------------------------------
 
 
-def statements_of_a_claim(conn, schema: str, limit: int, **kwargs) -> list[str]:
-    """The statements one ``claim_operation`` ran, by name, in order (rolled back)."""
+def rows_of_a_claim(conn, schema: str, limit: int, **kwargs) -> list[tuple[str, list[dict]]]:
+    """The statements one ``claim_operation`` ran, by name, in order, with the rows each
+    returned (rolled back)."""
     from outbox.queries import queries_for
     from outbox.store import claim_operation
 
     names = {sql: name for name, sql in queries_for(schema).items()}
-    ran: list[str] = []
+    ran: list[tuple[str, list[dict]]] = []
     op = claim_operation(schema, {NOTE.name: limit}, LEASE, take=False, **kwargs)
     with conn.transaction(force_rollback=True), conn.cursor() as cur:
         cur.row_factory = psycopg.rows.dict_row
         try:
             statement = next(op)
             while True:
-                ran.append(names[statement.sql])
                 cur.execute(statement.sql, statement.params)
-                statement = op.send(cur.fetchall())
+                rows = cur.fetchall()
+                ran.append((names[statement.sql], rows))
+                statement = op.send(rows)
         except StopIteration:
             pass
     return ran
+
+
+def statements_of_a_claim(conn, schema: str, limit: int, **kwargs) -> list[str]:
+    """The statements one ``claim_operation`` ran, by name, in order (rolled back)."""
+    return [name for name, _ in rows_of_a_claim(conn, schema, limit, **kwargs)]
 
 
 def test_a_claim_reclaims_walks_the_keys_and_claims_in_one_statement(make_outbox, conn, schema):
@@ -290,6 +297,19 @@ def test_a_claim_reclaims_walks_the_keys_and_claims_in_one_statement(make_outbox
     enqueue_many(conn, [req(f"l{i}", f"k{i}", f"ws{i % 3}") for i in range(9)], schema=schema)
     conn.commit()
     assert statements_of_a_claim(conn, schema, 6) == ["lane_intake", "claim_heads"]
+
+
+def test_a_claim_names_the_keys_it_walked_once_not_on_every_row(make_outbox, conn, schema):
+    build(make_outbox)
+    requests = [req(f"{w}-{i}", f"{w}-{i}", f"ws{w:02d}") for w in range(40) for i in range(3)]
+    enqueue_many(conn, requests, schema=schema)
+    conn.commit()
+    # 32 keys (FAIR_KEYS_PER_CLAIM), 3 heads each: the claim fills its 96 in one statement.
+    ((_, _), (name, rows)) = rows_of_a_claim(conn, schema, 96)
+    assert name == "claim_heads"
+    assert len(rows) == 96
+    assert rows[0]["walked"] == [f"ws{w:02d}" for w in range(32)]
+    assert all(row["walked"] is None for row in rows[1:])
 
 
 def probe_now(conn, schema: str, limit: int) -> list[ClaimedAction]:
