@@ -33,7 +33,8 @@ CREATE TABLE outbox.agent_action (
     earlier_write_at timestamp with time zone,
     priority smallint DEFAULT 0 NOT NULL,
     limit_key text,
-    claimed_by text
+    claimed_by text,
+    taken_by text
 )
 WITH (fillfactor='70');
 

@@ -60,8 +60,9 @@ HANDED_ON = Counter(
 GIVEN_BACK = Counter(
     "outbox_claims_given_back",
     "Claims a claimer gave back unrun, due again at once, by why: their push failed "
-    "(push_failed), the broker that held their messages restarted (broker_restarted), or the "
-    "claimer that made them was killed before its push (claimer_lost)",
+    "(push_failed), the broker that held their messages restarted (broker_restarted), the "
+    "claimer that made them was killed before its push (claimer_lost), or the worker that took "
+    "them was killed before their fence (worker_lost)",
     ["reason"],
 )
 

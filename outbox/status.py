@@ -119,6 +119,9 @@ def inspect_operation(schema: str, action_id: int) -> Operation[dict[str, Any] |
         # The heartbeat process id of the claimer that made its latest claim (None in process),
         # which `outbox status` lists while it lives.
         "claimed_by": rows[0].get("claimed_by"),
+        # The worker process whose take runs the latest claim (None until a worker took it, and
+        # in process).
+        "taken_by": rows[0].get("taken_by"),
         "history": _history(action),
         # The attempts on record, each with its provider reference (an email's Message-ID).
         "attempt_history": [a.as_dict() for a in record.attempts],
@@ -271,6 +274,8 @@ def render_inspect(found: dict[str, Any]) -> str:
         lines.append(f"lease left: {found['lease_left_seconds']:.1f}s")
     if found.get("claimed_by"):
         lines.append(f"claimed by: {found['claimed_by']}")
+    if found.get("taken_by"):
+        lines.append(f"taken by: {found['taken_by']}")
     lines.append("history:")
     lines += [
         f"  {json_default(e['at'])}  {e['event']:<13} {e['detail']}" for e in found["history"]

@@ -259,6 +259,30 @@ def release_lost_claims_operation(
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class LostAttempt:
+    """A taken, unfenced attempt given back because its worker's heartbeat stopped."""
+
+    token: FenceToken
+    kind: str
+    worker: str
+
+
+def release_lost_attempts_operation(
+    schema: str, silent: timedelta, within: timedelta
+) -> Operation[list[LostAttempt]]:
+    """Gives back the taken attempts that had not passed their fence of every worker whose
+    heartbeat is older than ``silent`` but not than ``within`` (killed between its take and its
+    fence): each becomes ADMITTED and due now, its attempt counted, its history row ended
+    (RETRY, WORKER_LOST)."""
+    params = {"silent": silent, "within": within}
+    rows = yield Statement(queries_for(schema)["release_attempts_of_lost_workers"], params)
+    return [
+        LostAttempt(FenceToken(row["id"], row["epoch"]), row["kind"], row["taken_by"])
+        for row in rows
+    ]
+
+
 #: A fence a caller asks for: its token, the write margin, the provider reference it records,
 #: and the claim's time (starts an in-process attempt's history row).
 FenceRequest = tuple[FenceToken, timedelta, str | None, datetime | None]
@@ -302,17 +326,19 @@ def _token_params(token: FenceToken) -> dict[str, Int8]:
     return {"id": Int8(token.action_id), "epoch": Int8(token.epoch)}
 
 
-def take_params(token: FenceToken, lease: timedelta) -> dict[str, Any]:
-    """``take_attempt``'s."""
-    return {**_token_params(token), "lease": lease}
+def take_params(token: FenceToken, lease: timedelta, taker: str = "") -> dict[str, Any]:
+    """``take_attempt``'s. ``taker``: the worker process's heartbeat process id ('' for none:
+    always a string, so that the statement is prepared once)."""
+    return {**_token_params(token), "lease": lease, "taker": taker}
 
 
-def takes_params(tokens: Sequence[FenceToken], lease: timedelta) -> dict[str, Any]:
+def takes_params(tokens: Sequence[FenceToken], lease: timedelta, taker: str = "") -> dict[str, Any]:
     """``take_attempts``'."""
     return {
         "ids": Int8Array([t.action_id for t in tokens]),
         "epochs": Int8Array([t.epoch for t in tokens]),
         "lease": lease,
+        "taker": taker,
     }
 
 
@@ -333,8 +359,8 @@ def fences_params(fences: Sequence[FenceRequest]) -> dict[str, Any]:
     }
 
 
-def finishes_params(finishes: Sequence[FinishRequest]) -> dict[str, Any]:
-    """``finish_many``'s."""
+def finishes_params(finishes: Sequence[FinishRequest], taker: str = "") -> dict[str, Any]:
+    """``finish_many``'s (``taker`` names the worker of a hand-off's take, as ``take_params``)."""
     return {
         "ids": Int8Array([r[0].action_id for r in finishes]),
         "epochs": Int8Array([r[0].epoch for r in finishes]),
@@ -348,6 +374,7 @@ def finishes_params(finishes: Sequence[FinishRequest]) -> dict[str, Any]:
         "claimed_ats": TimestamptzArray([r[2] for r in finishes]),
         "fenced": BoolArray([r[3] for r in finishes]),
         "hand_offs": IntervalArray([r[4] for r in finishes]),
+        "taker": taker,
     }
 
 
@@ -370,6 +397,10 @@ class Store:
         self.lease = lease
         #: Per kind, the limit key this store's last claim reached (the round robin's place).
         self.fair_cursor: dict[str, str] = {}
+        #: The heartbeat process id this store's takes name ('' for none): a worker process's,
+        #: so that a claimer can give its taken, unfenced attempts back once its heartbeat stops
+        #: (``outbox.maintenance.lost_workers``).
+        self.taker = ""
         # Group commit (outbox.batching): concurrent takes, fences and finishes of this
         # process share statements; each row keeps its own epoch check.
         self._take: GroupWriter[FenceToken, FenceToken, ClaimedAction] = GroupWriter(
@@ -396,11 +427,11 @@ class Store:
         return await self.run(op())
 
     async def _take_one(self, token: FenceToken) -> ClaimedAction | None:
-        rows = await self._rows("take_attempt", take_params(token, self.lease))
+        rows = await self._rows("take_attempt", take_params(token, self.lease, self.taker))
         return _claimed(rows)[0] if rows else None
 
     async def _take_many(self, tokens: Sequence[FenceToken]) -> dict[FenceToken, ClaimedAction]:
-        rows = await self._rows("take_attempts", takes_params(tokens, self.lease))
+        rows = await self._rows("take_attempts", takes_params(tokens, self.lease, self.taker))
         return {token: _claimed([row])[0] for token, row in _by_token(rows).items()}
 
     async def _fence_one(self, fence: FenceRequest) -> bool:
@@ -415,7 +446,7 @@ class Store:
 
     async def _finish_many(self, finishes: Sequence[FinishRequest]) -> dict[FenceToken, Finished]:
         # One statement for every finish, one row or many: ends, retries and deferrals alike.
-        rows = await self._rows("finish_many", finishes_params(finishes))
+        rows = await self._rows("finish_many", finishes_params(finishes, self.taker))
         return {token: Finished(_handed_on(row)) for token, row in _by_token(rows).items()}
 
     @asynccontextmanager

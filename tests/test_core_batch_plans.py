@@ -112,7 +112,7 @@ def _batch_params(claimed: list[tuple[int, int, Any]]) -> dict[str, dict[str, An
     epochs = [c[1] for c in claimed]
     claimed_ats = [c[2] - LEASE for c in claimed]
     return {
-        "take_attempts": {"ids": ids, "epochs": epochs, "lease": LEASE},
+        "take_attempts": {"ids": ids, "epochs": epochs, "lease": LEASE, "taker": ""},
         "release_claims": {"ids": ids, "epochs": epochs},
         "begin_writes": {
             "ids": ids,
@@ -136,6 +136,7 @@ def _batch_params(claimed: list[tuple[int, int, Any]]) -> dict[str, dict[str, An
             "fenced": [i % 2 == 0 for i in range(n)],
             # Every end looks for its lane's next action (the hand-off): a probe a row.
             "hand_offs": [LEASE] * n,
+            "taker": "",
         },
     }
 

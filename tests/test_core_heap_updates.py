@@ -74,6 +74,7 @@ def test_most_fences_add_no_index_entries(make_outbox, database_url, schema, pat
                     "ids": [c.action.id for c in batch],
                     "epochs": [c.action.epoch for c in batch],
                     "lease": LEASE,
+                    "taker": "",
                 }
                 taken = conn.execute(q["take_attempts"], params).fetchall()
                 assert len(taken) == len(batch)

@@ -54,10 +54,15 @@ def test_a_take_commits_without_waiting_for_its_flush(make_outbox, conn, schema)
     (one, *many) = _claimed(make_outbox, conn, schema, 4)
     q = queries_for(schema)
     taken, setting = _commit_setting(
-        conn, q["take_attempt"], {"id": one[0], "epoch": one[1], "lease": LEASE}
+        conn, q["take_attempt"], {"id": one[0], "epoch": one[1], "lease": LEASE, "taker": ""}
     )
     assert (taken, setting) == (1, "off")
-    batch = {"ids": [i for i, _ in many], "epochs": [e for _, e in many], "lease": LEASE}
+    batch = {
+        "ids": [i for i, _ in many],
+        "epochs": [e for _, e in many],
+        "lease": LEASE,
+        "taker": "",
+    }
     taken, setting = _commit_setting(conn, q["take_attempts"], batch)
     assert (taken, setting) == (3, "off")
 

@@ -160,6 +160,11 @@ class WorkerRuntime:
                 lambda: self._running,
                 settings.heartbeat_interval.total_seconds(),
             )
+            # Each take names this process, and its row exists before the first take does: a
+            # claimer gives back the unfenced attempts of a worker whose heartbeat stopped
+            # (outbox.maintenance.lost_workers), never those of one it has no row of.
+            store.taker = beat.process_id
+            await beat.beat()
             self._heartbeat = asyncio.ensure_future(beat.run(self._stopping))
             return
         raise RuntimeError("the worker runtime stopped before PostgreSQL answered")

@@ -2,6 +2,8 @@
 
 One module a service, each with its own interval and its own bound on what one turn does:
 
+- ``lost_claimers``, ``lost_workers`` (a claimer's only): the untaken claims of a claimer, and
+  the taken, unfenced attempts of a worker, whose heartbeat stopped are due again at once;
 - ``lost_leases``: executing actions whose lease ran out and that may not run again end
   (UNCERTAIN after a write started, else FAILED ``ATTEMPTS_EXHAUSTED``);
 - ``expiry``: waiting actions past their ``expires_at`` end CANCELLED ``EXPIRED``;

@@ -19,6 +19,7 @@ from outbox.maintenance.expiry import Expiry
 from outbox.maintenance.gauges import BacklogGauges
 from outbox.maintenance.lost_claimers import LostClaimers
 from outbox.maintenance.lost_leases import LostLeases
+from outbox.maintenance.lost_workers import LostWorkers
 from outbox.maintenance.operator_rows import ParkedPayloads, StaleProcesses
 from outbox.maintenance.retention import Retention
 from outbox.maintenance.service import MaintenanceService
@@ -54,16 +55,21 @@ class Maintenance:
     ) -> Maintenance:
         """Every service, each every ``settings.housekeeping_interval``; the ends are reported
         to ``observers``. ``claimer``: the claimer's heartbeat process id, which adds the
-        giving back of lost claimers' claims (before the lost leases: a claim given back does
-        not wait for its lease)."""
+        giving back of lost claimers' claims and of lost workers' unfenced attempts (before
+        the lost leases: what is given back does not wait for its lease)."""
         every = settings.housekeeping_interval
-        lost_claimers = (
-            [LostClaimers(every, claimer, settings.heartbeat_interval)] if claimer else []
+        lost_processes = (
+            [
+                LostClaimers(every, claimer, settings.heartbeat_interval),
+                LostWorkers(every, settings.heartbeat_interval, settings.lease),
+            ]
+            if claimer
+            else []
         )
         return cls(
             store,
             [
-                *lost_claimers,
+                *lost_processes,
                 LostLeases(every, observers=observers),
                 Expiry(every, observers=observers),
                 Retention(every, settings.retention),

@@ -170,7 +170,7 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
 -- NULLs with them.
 -- Each claim names its claimer (`claimer`: its heartbeat process id; NULL in process), whose
 -- untaken claims another claimer gives back once its heartbeat stops
--- (release_claims_of_lost_claimers).
+-- (release_claims_of_lost_claimers), and names no worker (taken_by: a new epoch nobody took).
 -- With `reclaim`, the kind's reclaims come first, in the same statement (one round trip a
 -- claim): executing actions whose lease expired are claimed again at once, without waiting for
 -- their lane, so a lane whose holder crashed does not stall; never an at-most-once action whose
@@ -203,7 +203,7 @@ WITH RECURSIVE expired AS (
        SET epoch = a.epoch + 1, lease_until = now() + %(lease)s,
            attempt = a.attempt + %(take)s::int,
            taken_epoch = CASE WHEN %(take)s THEN a.epoch + 1 ELSE a.taken_epoch END,
-           claimed_by = %(claimer)s::text
+           claimed_by = %(claimer)s::text, taken_by = NULL
       FROM expired
      WHERE a.id = expired.id
     RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
@@ -330,7 +330,7 @@ WITH RECURSIVE expired AS (
        SET state = 'EXECUTING', epoch = a.epoch + 1, lease_until = now() + %(lease)s,
            attempt = a.attempt + %(take)s::int,
            taken_epoch = CASE WHEN %(take)s THEN a.epoch + 1 ELSE a.taken_epoch END,
-           claimed_by = %(claimer)s::text
+           claimed_by = %(claimer)s::text, taken_by = NULL
       FROM ready
      WHERE a.ctid = ready.tid
     RETURNING a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,
@@ -424,6 +424,9 @@ SELECT id, kind, state, stop_reason FROM expired
 -- take that a server crash loses was followed by no fence (the fence is the next statement, on
 -- the same server, and commits synchronously, flushing the take's WAL before it), so no write
 -- began; the action is reclaimed as unconsumed and no attempt was spent.
+-- The take names its worker (`taker`: the worker process's heartbeat process id; '' names none),
+-- whose taken, unfenced attempts a claimer gives back once its heartbeat stops
+-- (release_attempts_of_lost_workers).
 WITH target AS (
     SELECT a.ctid AS tid, a.epoch, a.lease_until AS claim_lease_until
       FROM {schema}.agent_action a
@@ -431,7 +434,8 @@ WITH target AS (
        AND a.taken_epoch IS DISTINCT FROM a.epoch
 ), taken AS (
     UPDATE {schema}.agent_action a
-       SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
+       SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s,
+           taken_by = nullif(%(taker)s::text, '')
       FROM target
      WHERE a.ctid = target.tid AND a.epoch = target.epoch AND (a.state = 'EXECUTING') IS TRUE
        AND a.taken_epoch IS DISTINCT FROM a.epoch
@@ -558,6 +562,43 @@ UPDATE {schema}.agent_action a
    AND a.write_started_at IS NULL
 RETURNING a.id, a.epoch, a.kind, a.claimed_by
 
+-- name: release_attempts_of_lost_workers
+-- The attempts a worker took and had not fenced, once that worker's heartbeat stopped for
+-- longer than `silent` (SIGKILLed or OOM-killed between its take and its fence, or its machine
+-- gone): each becomes ADMITTED and due now, as the end of its lease would have let a claimer
+-- reclaim it, only sooner. The attempt stays counted (it was taken), so one whose last attempt
+-- it was is left to its lease, where housekeeping ends it FAILED (end_lost_leases). The epoch is
+-- unchanged: the worker, should it only have stalled, finds its fence and its finish refused
+-- (the action is no longer EXECUTING, then claimed under a new epoch), so nothing runs twice.
+-- Never an attempt whose fence passed (its write may have started: the lease decides), nor one
+-- of a worker that stopped cleanly (it finished its attempts, then took its heartbeat row away).
+-- The attempt's history row ends: RETRY, WORKER_LOST. The probe reads the process rows, and
+-- ix_agent_action_lease (executing actions only) only while a worker lost less than `within`
+-- ago (the lease plus the silence: past it, every attempt that worker took has outlived its
+-- lease and is a claimer's to reclaim anyway), not for as long as its row stays.
+WITH lost AS (
+    SELECT p.process_id
+      FROM {schema}.outbox_process p
+     WHERE p.role = 'worker' AND p.last_seen < now() - %(silent)s
+       AND p.last_seen > now() - %(within)s
+), released AS (
+    UPDATE {schema}.agent_action a
+       SET state = 'ADMITTED', available_at = now(), lease_until = NULL
+      FROM lost
+     WHERE a.taken_by = lost.process_id
+       AND a.state = 'EXECUTING' AND a.lease_until IS NOT NULL
+       AND a.taken_epoch = a.epoch
+       AND a.write_started_at IS NULL
+       AND a.attempt < a.max_attempts
+    RETURNING a.id, a.epoch, a.kind, a.taken_by
+), history AS (
+    UPDATE {schema}.agent_action_attempt h
+       SET ended_at = now(), result = 'RETRY', reason = 'WORKER_LOST'
+      FROM released r
+     WHERE h.action_id = r.id AND h.epoch = r.epoch AND h.ended_at IS NULL
+)
+SELECT id, epoch, kind, taken_by FROM released
+
 -- name: listen_enqueues
 -- Wakes this connection on every enqueueing statement (trigger agent_action_inserted, 0004)
 -- and on every lane whose next action became due. {channel} is filled in as an identifier:
@@ -607,7 +648,7 @@ SELECT id FROM fenced
 -- comparisons for a finish of 100 among 200 executing actions.
 -- History rows as in take_attempt, and as there one probe a row: `target` is planned on its own
 -- (MATERIALIZED, each row by a probe of its own), and the update follows its tuple ids. It
--- commits without waiting for its WAL flush, as take_attempt does.
+-- commits without waiting for its WAL flush and names its worker, as take_attempt does.
 WITH target AS MATERIALIZED (
     SELECT a.tid, a.epoch, a.claim_lease_until
       FROM unnest((SELECT %(ids)s::bigint[]), (SELECT %(epochs)s::bigint[])) AS m(id, epoch)
@@ -619,7 +660,8 @@ WITH target AS MATERIALIZED (
             LIMIT 1) a
 ), taken AS (
     UPDATE {schema}.agent_action a
-       SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s
+       SET taken_epoch = a.epoch, attempt = a.attempt + 1, lease_until = now() + %(lease)s,
+           taken_by = nullif(%(taker)s::text, '')
       FROM target
      WHERE a.ctid = target.tid AND a.epoch = target.epoch AND (a.state = 'EXECUTING') IS TRUE
        AND a.taken_epoch IS DISTINCT FROM a.epoch
@@ -683,8 +725,9 @@ SELECT id, epoch FROM fenced
 -- paused, and the lane is not held by an erased write (`busy_until`). The end and the claim are
 -- one statement, so no count a claimer bounds (in flight a kind, a key's executing actions)
 -- ever rises: one executing action of the kind and key replaces another. The next action's
--- lease is the given one; its attempt's history row starts here, as a take's does; its row is
--- returned beside its predecessor's (`next_*`), with the payload. A wait (a retry, a deferral)
+-- lease is the given one; its attempt's history row starts here, and it names its worker
+-- (`taker`), as a take's does; its row is returned beside its predecessor's (`next_*`), with
+-- the payload. A wait (a retry, a deferral)
 -- hands nothing on: the action waits at its lane's head again.
 WITH finished AS (
 UPDATE {schema}.agent_action a
@@ -769,7 +812,8 @@ RETURNING a.id, a.epoch, a.attempt + m.gives_back::int AS attempt, m.state, m.wa
 ), handed AS (
     UPDATE {schema}.agent_action a
        SET state = 'EXECUTING', epoch = a.epoch + 1, lease_until = now() + r.hand_off,
-           attempt = a.attempt + 1, taken_epoch = a.epoch + 1
+           attempt = a.attempt + 1, taken_epoch = a.epoch + 1,
+           taken_by = nullif(%(taker)s::text, '')
       FROM ready r
      WHERE a.id = r.id
     RETURNING r.after_id, a.id, a.kind, a.state, a.workspace_id, a.lane_key, a.idempotency_key,

@@ -8,7 +8,8 @@ test (``DISPATCH_APP_SUFFIX``) so their Dramatiq queues are the test's own:
   before writing again;
 - ``AMO_<suffix>``, at-most-once: cannot read back.
 
-Payload knobs: ``sleep`` (seconds before the fence), ``hang_after_write_attempt`` (on that
+Payload knobs: ``sleep`` (seconds before the fence), ``hang_before_fence_attempt`` (on that
+attempt, hang before the fence until killed), ``hang_after_write_attempt`` (on that
 attempt, hang after the write until killed), ``fail_read_back_attempt`` (on that attempt, the
 read-back search raises: an error before the fence). Environment knobs:
 ``DISPATCH_APP_OWN_BROKER=1`` builds the application's own broker with an actor of its own (an
@@ -133,6 +134,8 @@ class RecordingAdapter:
                 return Done(ref=f"effect-{found[0][0]}")
         if payload.get("sleep"):
             await asyncio.sleep(payload["sleep"])
+        if payload.get("hang_before_fence_attempt") == attempt.attempt:
+            await asyncio.sleep(3600)  # until the test kills this worker
         if not await attempt.fence().begin_write():
             return Abandoned()
         # The provider's clock: when the call starts, what a provider's rate window counts (the

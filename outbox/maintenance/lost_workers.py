@@ -1,0 +1,69 @@
+"""Lost workers: the attempts of a worker killed between its take and its fence.
+
+A worker takes an action (its attempt counts from there), runs the adapter, and the adapter
+passes its fence right before the provider call. Killed before the fence (SIGKILL, an OOM kill,
+its machine gone), the worker leaves attempts that nobody will finish: without this, each waits
+out its lease (5 minutes by default) before a claimer reclaims it. Each take names its worker
+(``agent_action.taken_by``: the worker process's heartbeat process id), so every claimer's
+housekeeping gives back the taken, unfenced attempts of a worker whose heartbeat has been silent
+for as long as ``outbox status`` takes to call a process gone (three heartbeat intervals): due
+again at once, the attempt counted, as the lease's end would have left them.
+
+An attempt that passed its fence is never touched: its write may have started, and the lease and
+the kind's rules decide (an at-most-once one ends UNCERTAIN, a read-back one reads back first).
+A worker that only stalled that long (a loop blocked by a synchronous adapter, a paused VM) finds
+its fences and finishes refused when it resumes, so an effect never runs twice; what it costs is
+the attempt, as a lease that ran out would.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from outbox import metrics
+from outbox.maintenance.service import MaintenanceService
+from outbox.operator.processes import LIVE_INTERVALS
+from outbox.store import release_lost_attempts_operation
+
+if TYPE_CHECKING:
+    from outbox.store import Store
+
+log = logging.getLogger("outbox.claimer")
+
+
+class LostWorkers(MaintenanceService):
+    """Gives back the taken, unfenced attempts of workers silent for ``heartbeat_interval``
+    times ``LIVE_INTERVALS``, and silent for less than that plus ``lease`` (after which every
+    attempt such a worker took has outlived its lease and is reclaimed as any other)."""
+
+    name = "lost_workers"
+    failure = "giving back a lost worker's attempts failed; trying again at the next housekeeping"
+
+    def __init__(
+        self, interval: timedelta, heartbeat_interval: timedelta, lease: timedelta
+    ) -> None:
+        super().__init__(interval)
+        self.silent = heartbeat_interval * LIVE_INTERVALS
+        # The take that starts a lease comes at most a heartbeat after the worker's last beat.
+        self.within = self.silent + heartbeat_interval + lease
+
+    async def run(self, store: Store) -> int:
+        lost = await store.run(
+            release_lost_attempts_operation(store.schema, self.silent, self.within)
+        )
+        metrics.record_given_back("worker_lost", len(lost))
+        for worker, released in sorted(Counter(attempt.worker for attempt in lost).items()):
+            kinds = sorted({a.kind for a in lost if a.worker == worker})
+            log.warning(
+                "worker %s has been silent for over %ss; gave back %s of its attempts that had "
+                "not passed their fence (kinds %s; due again now)",
+                worker,
+                int(self.silent.total_seconds()),
+                released,
+                ", ".join(kinds),
+                extra={"event": "worker_lost", "worker": worker, "released": released},
+            )
+        return len(lost)
