@@ -273,8 +273,8 @@ def release_lost_attempts_operation(
 ) -> Operation[list[LostAttempt]]:
     """Gives back the taken attempts that had not passed their fence of every worker whose
     heartbeat is older than ``silent`` but not than ``within`` (killed between its take and its
-    fence): each becomes ADMITTED and due now, its attempt counted, its history row ended
-    (RETRY, WORKER_LOST)."""
+    fence): each becomes ADMITTED and due now (retry reason WORKER_LOST), its attempt counted,
+    its history row ended (RETRY, WORKER_LOST)."""
     params = {"silent": silent, "within": within}
     rows = yield Statement(queries_for(schema)["release_attempts_of_lost_workers"], params)
     return [

@@ -167,3 +167,23 @@ def assert_lanes_held(calls: list[dict[str, Any]]) -> None:
                 f"lane {lane}: action {after['action_id']} started before "
                 f"{before['action_id']} ended"
             )
+
+
+def app_schema(database_url: str, schema: str) -> DispatchRig:
+    """The test app's schema, migrated, for tests that claim and take from this process (no
+    broker, no processes)."""
+    rig = DispatchRig(database_url, schema, "", {})
+    rig.outbox().migrate()
+    return rig
+
+
+def heartbeat_row(
+    conn: psycopg.Connection[Any], process_id: str, role: str, silent_for: float
+) -> None:
+    """A process's heartbeat row, last seen ``silent_for`` seconds ago (``conn`` on the schema's
+    search path)."""
+    conn.execute(
+        "INSERT INTO outbox_process (process_id, role, host, pid, started_at, last_seen)"
+        " VALUES (%s, %s, 'h', 1, now() - interval '1 hour', now() - make_interval(secs => %s))",
+        (process_id, role, silent_for),
+    )

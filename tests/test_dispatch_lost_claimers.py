@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from dispatch_support import DispatchRig
+from dispatch_support import DispatchRig, app_schema, heartbeat_row
 from fault_support import fault_rig
 from prometheus_client import REGISTRY
 
@@ -71,19 +71,11 @@ def test_claims_of_a_claimer_killed_before_its_push_run_within_seconds_not_a_lea
 
 @pytest.fixture
 def store_rig(database_url: str, schema: str) -> DispatchRig:
-    """The test app's schema, for tests that claim from this process (no broker)."""
-    rig = DispatchRig(database_url, schema, "", {})
-    rig.outbox().migrate()
-    return rig
+    return app_schema(database_url, schema)
 
 
 def _heartbeat(conn: psycopg.Connection[Any], process_id: str, silent_for: float) -> None:
-    conn.execute(
-        "INSERT INTO outbox_process (process_id, role, host, pid, started_at, last_seen)"
-        " VALUES (%s, 'claimer', 'h', 1, now() - interval '1 hour',"
-        " now() - make_interval(secs => %s))",
-        (process_id, silent_for),
-    )
+    heartbeat_row(conn, process_id, "claimer", silent_for)
 
 
 async def test_only_untaken_claims_of_claimers_silent_past_three_beats_are_given_back(

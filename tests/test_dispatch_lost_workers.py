@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from dispatch_support import DispatchRig
+from dispatch_support import DispatchRig, app_schema, heartbeat_row
 from fault_support import fault_rig
 from prometheus_client import REGISTRY
 
@@ -83,19 +83,11 @@ def test_attempts_of_a_worker_killed_before_their_fence_run_again_within_seconds
 
 @pytest.fixture
 def store_rig(database_url: str, schema: str) -> DispatchRig:
-    """The test app's schema, for tests that claim and take from this process (no broker)."""
-    rig = DispatchRig(database_url, schema, "", {})
-    rig.outbox().migrate()
-    return rig
+    return app_schema(database_url, schema)
 
 
 def _heartbeat(conn: psycopg.Connection[Any], process_id: str, silent_for: float) -> None:
-    conn.execute(
-        "INSERT INTO outbox_process (process_id, role, host, pid, started_at, last_seen)"
-        " VALUES (%s, 'worker', 'h', 1, now() - interval '1 hour',"
-        " now() - make_interval(secs => %s))",
-        (process_id, silent_for),
-    )
+    heartbeat_row(conn, process_id, "worker", silent_for)
 
 
 def _service() -> LostWorkers:
@@ -156,13 +148,14 @@ async def test_only_unfenced_attempts_of_workers_silent_past_three_beats_are_giv
             rows = {
                 row[0]: row[1:]
                 for row in conn.execute(
-                    f'SELECT id, state, epoch, attempt, lease_until FROM "{schema}".agent_action'
+                    f"SELECT id, state, epoch, attempt, lease_until, retry_reason"
+                    f' FROM "{schema}".agent_action'
                 )
             }
             history = _history(conn, schema, [t.action_id for t in given_back])
         for token in given_back:
             # Due again, same epoch, the taken attempt counted.
-            assert rows[token.action_id] == ("ADMITTED", token.epoch, 1, None)
+            assert rows[token.action_id] == ("ADMITTED", token.epoch, 1, None, "WORKER_LOST")
         assert history == [(t.action_id, 1, "RETRY", "WORKER_LOST") for t in given_back]
         kept = [claimed[0], *claimed[3:8]]
         assert {rows[t.action_id][0] for t in kept} == {"EXECUTING"}

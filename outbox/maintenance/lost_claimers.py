@@ -13,20 +13,16 @@ pushes later pushes tokens whose claims moved on. Either costs a message, never 
 
 from __future__ import annotations
 
-import logging
-from collections import Counter
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from outbox import metrics
+from outbox.maintenance.lost_processes import report_given_back
 from outbox.maintenance.service import MaintenanceService
 from outbox.operator.processes import LIVE_INTERVALS
 from outbox.store import release_lost_claims_operation
 
 if TYPE_CHECKING:
     from outbox.store import Store
-
-log = logging.getLogger("outbox.claimer")
 
 
 class LostClaimers(MaintenanceService):
@@ -45,16 +41,8 @@ class LostClaimers(MaintenanceService):
         lost = await store.run(
             release_lost_claims_operation(store.schema, self.claimer, self.silent)
         )
-        metrics.record_given_back("claimer_lost", len(lost))
-        for claimer, released in sorted(Counter(claim.claimer for claim in lost).items()):
-            kinds = sorted({claim.kind for claim in lost if claim.claimer == claimer})
-            log.warning(
-                "claimer %s has been silent for over %ss; gave back %s of its claims no worker "
-                "had taken (kinds %s; due again now)",
-                claimer,
-                int(self.silent.total_seconds()),
-                released,
-                ", ".join(kinds),
-                extra={"event": "claimer_lost", "claimer": claimer, "released": released},
-            )
+        given_back = [(claim.claimer, claim.kind) for claim in lost]
+        report_given_back(
+            "claimer_lost", "claimer", given_back, self.silent, "claims no worker had taken"
+        )
         return len(lost)

@@ -18,20 +18,16 @@ the attempt, as a lease that ran out would.
 
 from __future__ import annotations
 
-import logging
-from collections import Counter
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from outbox import metrics
+from outbox.maintenance.lost_processes import report_given_back
 from outbox.maintenance.service import MaintenanceService
 from outbox.operator.processes import LIVE_INTERVALS
 from outbox.store import release_lost_attempts_operation
 
 if TYPE_CHECKING:
     from outbox.store import Store
-
-log = logging.getLogger("outbox.claimer")
 
 
 class LostWorkers(MaintenanceService):
@@ -54,16 +50,12 @@ class LostWorkers(MaintenanceService):
         lost = await store.run(
             release_lost_attempts_operation(store.schema, self.silent, self.within)
         )
-        metrics.record_given_back("worker_lost", len(lost))
-        for worker, released in sorted(Counter(attempt.worker for attempt in lost).items()):
-            kinds = sorted({a.kind for a in lost if a.worker == worker})
-            log.warning(
-                "worker %s has been silent for over %ss; gave back %s of its attempts that had "
-                "not passed their fence (kinds %s; due again now)",
-                worker,
-                int(self.silent.total_seconds()),
-                released,
-                ", ".join(kinds),
-                extra={"event": "worker_lost", "worker": worker, "released": released},
-            )
+        given_back = [(attempt.worker, attempt.kind) for attempt in lost]
+        report_given_back(
+            "worker_lost",
+            "worker",
+            given_back,
+            self.silent,
+            "attempts that had not passed their fence",
+        )
         return len(lost)

@@ -572,7 +572,8 @@ RETURNING a.id, a.epoch, a.kind, a.claimed_by
 -- (the action is no longer EXECUTING, then claimed under a new epoch), so nothing runs twice.
 -- Never an attempt whose fence passed (its write may have started: the lease decides), nor one
 -- of a worker that stopped cleanly (it finished its attempts, then took its heartbeat row away).
--- The attempt's history row ends: RETRY, WORKER_LOST. The probe reads the process rows, and
+-- The attempt's history row ends, RETRY WORKER_LOST, and the action keeps WORKER_LOST as its
+-- retry reason (the cause an operator sees should its attempts run out). The probe reads the process rows, and
 -- ix_agent_action_lease (executing actions only) only while a worker lost less than `within`
 -- ago (the lease plus the silence: past it, every attempt that worker took has outlived its
 -- lease and is a claimer's to reclaim anyway), not for as long as its row stays.
@@ -583,7 +584,8 @@ WITH lost AS (
        AND p.last_seen > now() - %(within)s
 ), released AS (
     UPDATE {schema}.agent_action a
-       SET state = 'ADMITTED', available_at = now(), lease_until = NULL
+       SET state = 'ADMITTED', available_at = now(), lease_until = NULL,
+           retry_reason = 'WORKER_LOST'
       FROM lost
      WHERE a.taken_by = lost.process_id
        AND a.state = 'EXECUTING' AND a.lease_until IS NOT NULL
