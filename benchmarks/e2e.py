@@ -30,8 +30,8 @@ from benchmarks.common import (
     REDIS_URL,
     Result,
     Scale,
+    all_ended,
     bench_schema,
-    ended_count,
     migrated_outbox,
     ms,
     noop_request,
@@ -107,7 +107,7 @@ def run_once(
             _enqueue(outbox, n, many)
             enqueued = time.perf_counter()
             done_at = wait_until(
-                lambda: ended_count(watch, schema) >= n, 600, "e2e actions not ended", 0.02
+                lambda: all_ended(watch, schema), 600, "e2e actions not ended", 0.02
             )
             cpu.stop()
             states = dict(

@@ -18,8 +18,8 @@ from benchmarks.common import (
     DATABASE_URL,
     Result,
     Scale,
+    all_ended,
     bench_schema,
-    ended_count,
     migrated_outbox,
     ms,
     noop_request,
@@ -42,7 +42,7 @@ def run(scale: Scale) -> list[Result]:
                 conn.commit()
             started = time.perf_counter()
             done_at = wait_until(
-                lambda: ended_count(watch, schema) >= n, 600, "hot-lane actions not ended", 0.02
+                lambda: all_ended(watch, schema), 600, "hot-lane actions not ended", 0.02
             )
             rows = watch.execute(
                 f"SELECT state, extract(epoch FROM ended_at)::float8 FROM {table} ORDER BY id"

@@ -32,8 +32,8 @@ from benchmarks.common import (
     DATABASE_URL,
     Result,
     Scale,
+    all_ended,
     bench_schema,
-    ended_count,
     migrated_outbox,
     ms,
     noop_request,
@@ -179,7 +179,7 @@ def run_once(name: str, n: int, lanes: int, ceiling_per_s: float) -> Result:
             enqueued = time.perf_counter()
             analyze(watch, schema, "agent_action", "agent_action_lane")
             done_at = wait_until(
-                lambda: ended_count(watch, schema) >= n, 600, f"{name} actions not ended", 0.02
+                lambda: all_ended(watch, schema), 600, f"{name} actions not ended", 0.02
             )
             ran = records(watch, schema)
     check(ran, n, name)

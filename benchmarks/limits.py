@@ -30,6 +30,7 @@ from benchmarks.common import (
     REDIS_URL,
     Result,
     Scale,
+    all_ended,
     bench_schema,
     ended_count,
     migrated_outbox,
@@ -167,7 +168,7 @@ def _rate(scale: Scale, name: str, settings: dict[str, str]) -> Result:
         r.claimer()
         fill_backlog(outbox, n)
         with psycopg.connect(DATABASE_URL, autocommit=True) as watch:
-            wait_until(lambda: ended_count(watch, schema) >= n, 600, f"{name}: not ended", 0.1)
+            wait_until(lambda: all_ended(watch, schema), 600, f"{name}: not ended", 0.1)
             attempts = watch.execute(
                 f'SELECT max(attempt), sum(epoch)::bigint FROM "{schema}".agent_action'
             ).fetchone()

@@ -27,6 +27,7 @@ from benchmarks.common import (
     DATABASE_URL,
     Result,
     Scale,
+    all_ended,
     bench_schema,
     ended_count,
     migrated_outbox,
@@ -95,7 +96,7 @@ def run(scale: Scale) -> list[Result]:
                 if steps[-1].behind:
                     break
             wait_until(
-                lambda: not ended_count(watch, schema, ended=False),
+                lambda: all_ended(watch, schema),
                 DRAIN_TIMEOUT,
                 "load: actions not ended",
                 0.1,

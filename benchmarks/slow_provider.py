@@ -31,8 +31,8 @@ from benchmarks.common import (
     DATABASE_URL,
     Result,
     Scale,
+    all_ended,
     bench_schema,
-    ended_count,
     migrated_outbox,
     ms,
     noop_request,
@@ -118,7 +118,7 @@ def run_pool(scale: Scale, processes: int) -> Result:
         with psycopg.connect(DATABASE_URL, autocommit=True) as watch:
             cpu.start()
             committed = _enqueue(outbox, n)
-            wait_until(lambda: ended_count(watch, schema) >= n, 600, f"{name}: not ended", 0.02)
+            wait_until(lambda: all_ended(watch, schema), 600, f"{name}: not ended", 0.02)
             cpu.stop()
             states = dict(
                 watch.execute(f"SELECT state, count(*) FROM {table} GROUP BY state").fetchall()

@@ -35,8 +35,8 @@ from benchmarks.common import (
     DATABASE_URL,
     Result,
     Scale,
+    all_ended,
     bench_schema,
-    ended_count,
     migrated_outbox,
     ms,
     noop_request,
@@ -200,7 +200,7 @@ def run(scale: Scale) -> list[Result]:
             samples.append(_sample(watch, schema, time.perf_counter() - started, enqueued))
             # The rest ends; the reads go on, or retention would delete what they have not read.
             deadline = time.monotonic() + DRAIN_TIMEOUT
-            while ended_count(watch, schema, ended=False):
+            while not all_ended(watch, schema):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"sustained: actions not ended after {DRAIN_TIMEOUT}s")
                 at = time.perf_counter() - started

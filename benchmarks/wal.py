@@ -44,8 +44,8 @@ from benchmarks.common import (
     NOOP,
     Result,
     Scale,
+    all_ended,
     bench_schema,
-    ended_count,
     migrated_outbox,
     ms,
     noop_request,
@@ -206,7 +206,7 @@ def run(scale: Scale) -> list[Result]:
 
                 def end_to_end() -> None:
                     enqueue(outbox, url, range(n, 2 * n), "e2e", [])
-                    wait_until(lambda: ended_count(watch, schema) >= 2 * n, 600, "e2e", 0.05)
+                    wait_until(lambda: all_ended(watch, schema), 600, "e2e", 0.05)
 
                 wal = measured(server, end_to_end)
                 in_system = [
