@@ -48,6 +48,8 @@ SCENARIOS: dict[str, str] = {
     "memory": "benchmarks.memory",
     # A backlog waiting while every process (re)starts: the time to the first and last start.
     "cold-start": "benchmarks.cold_start",
+    # A large backlog left by an outage, then a claimer and a pool: does what waits slow them?
+    "backlog": "benchmarks.backlog",
     # PostgreSQL restarted under a steady load: how long until what it caught has ended.
     "db-restart": "benchmarks.db_restart",
     # The Redis broker restarted, without persistence, under a backlog: its cost over the drain.

@@ -46,6 +46,8 @@ CPU_REPORTED = {
     "load-100",
     "e2e-rabbitmq",
     "latency-rabbitmq",
+    "backlog-small",
+    "backlog-large",
 }
 #: Scenarios whose broker is RabbitMQ (the rest run on Redis).
 ON_RABBITMQ = {"rabbitmq"}
