@@ -166,7 +166,7 @@ def all_ended(conn: psycopg.Connection[Any], schema: str) -> bool:
     ``ux_agent_action_lane_executing``), sequential scans off for the statement, so a poll costs
     the server about the same however many actions have ended. ``ended_count`` reads every
     ended action's row: polled every 50 ms through a drain of 200,000 it read 43 million rows,
-    and the harness's own polling, not the outbox, took a sixth of the server's CPU."""
+    about 0.1 ms of the server's 0.36 ms of CPU an action, the harness's and not the outbox's."""
     table = f'"{schema}".agent_action'
     with conn.transaction():
         conn.execute("SET LOCAL enable_seqscan = off")
