@@ -12,8 +12,9 @@ mean of the two small ones'); at 1.0 the rate does not depend on how much waits.
 The steady rate leaves out the processes' start and the last stragglers: the actions that ended
 between the 5th and the 95th percentile of the end times, over that span (database clock).
 p50/p99 are the end times from the processes' start, over the whole backlog (the first drain
-of its size). CPU ms an action of
-each process and service say whether the cost an action grows with the backlog.
+of its size). The CPU ms an action of each process and service, which say whether the cost an
+action grows with the backlog, include the processes' start (a larger share of a small
+backlog's).
 """
 
 from __future__ import annotations
