@@ -138,8 +138,9 @@ def run_pool(scale: Scale, processes: int) -> Result:
     in_system = [end - committed for end in ends]
     cpu_ms = cpu.per_action_ms(n)
     # The services' CPU counts every process of theirs, other clients' too: a backend that
-    # exited in between can make it negative, and then no ceiling is given.
-    spent = [v for v in cpu_ms.values() if v is not None]
+    # exited in between can make it negative, and then no ceiling is given. The total is their
+    # sum already, so it is left out of this one.
+    spent = [v for k, v in cpu_ms.items() if v is not None and k != "total_cpu_ms_per_action"]
     cores = os.cpu_count() or 1
     cpu_bound = cores * 1000 / sum(spent) if spent and min(spent) >= 0 and sum(spent) else None
     return Result(

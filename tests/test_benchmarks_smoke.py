@@ -108,6 +108,10 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(
         if row["scenario"] in CPU_REPORTED:
             assert row["postgres_cpu_ms_per_action"] > 0, row
             assert row["total_cpu_ms_per_action"] >= row["postgres_cpu_ms_per_action"], row
+        if row["scenario"].startswith("slow-provider") and row["cpu_bound_per_s"] is not None:
+            # The rate the cores would carry at the CPU an action in all (not counted twice).
+            carried = (os.cpu_count() or 1) * 1000 / row["total_cpu_ms_per_action"]
+            assert row["cpu_bound_per_s"] == pytest.approx(carried, rel=0.02), row
         if name in ON_RABBITMQ:
             # Its ceiling is raw Dramatiq on the same RabbitMQ, whose CPU is counted too.
             assert row["broker"] == "rabbitmq" and "rabbitmq_cpu_ms_per_action" in row, row
