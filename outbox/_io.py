@@ -7,7 +7,7 @@ on a psycopg ``Connection`` or ``AsyncConnection``. The operation never sees whi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, TypeVar, cast
@@ -15,6 +15,7 @@ from typing import Any, TypeVar, cast
 from psycopg import (
     AsyncConnection,
     AsyncCursor,
+    AsyncPipeline,
     AsyncRawCursor,
     Connection,
     Cursor,
@@ -154,6 +155,56 @@ async def run_async(
                 statement = op.send(rows)
         except StopIteration as done:
             return cast(T, done.value)
+
+
+async def commit_pipelined(
+    conn: AsyncConnection[Any], statements: Sequence[Statement], *, begin: bool
+) -> list[Rows]:
+    """Runs ``statements`` and a COMMIT on ``conn`` (autocommit) in one round trip (psycopg's
+    pipeline mode), in the transaction that is open or, with ``begin``, in one it begins
+    first; returns each statement's rows, in order. Either way the transaction is over when it
+    returns or raises: committed, or rolled back and the first error raised.
+
+    The statements and the COMMIT are two segments of the pipeline, a Sync after each. A
+    statement that fails aborts the transaction and the server skips the rest of its segment;
+    the COMMIT, in the next one, then ends the aborted transaction (as a ROLLBACK), in the same
+    round trip. With one segment the transaction would stay open, aborted and holding its
+    locks, until the caller's ROLLBACK came; and psycopg ends a pipeline with a flush request
+    after its Sync, which leaves ``idle_in_transaction_session_timeout`` disarmed
+    (``outbox.dispatch.claim_guard``), so a process paused or cut off right then would hold
+    them for ever.
+
+    A statement goes on a raw cursor, converted once (``as_sent``), on a connection that makes
+    psycopg's default cursors, and as written on one given another cursor class (as
+    ``run_async``)."""
+    cursors: list[AsyncCursor[Any]] = []
+    raw = conn.cursor_factory is AsyncCursor
+    async with conn.pipeline() as pipeline:
+        if begin:
+            await conn.execute(b"BEGIN")
+        for statement in statements:
+            if raw:
+                cur: AsyncCursor[Any] = AsyncRawCursor(conn, row_factory=_row_factory(statement))
+                await cur.execute(*as_sent(statement), prepare=statement.prepare_argument)
+            else:
+                cur = conn.cursor(row_factory=_row_factory(statement))
+                await cur.execute(
+                    statement.sql, statement.params, prepare=statement.prepare_argument
+                )
+            cursors.append(cur)
+        _end_segment(pipeline)
+        await conn.execute(b"COMMIT")
+    answers = []
+    for cur in cursors:
+        answers.append(await cur.fetchall() if returned_rows(cur) else [])
+        await cur.close()
+    return answers
+
+
+def _end_segment(pipeline: AsyncPipeline) -> None:
+    """Queues a Sync in ``pipeline`` without waiting for the server's answer: psycopg's public
+    ``sync()`` waits for it (a round trip of its own), and there is no other call for it."""
+    pipeline._enqueue_sync()
 
 
 def _is_async(conn: Any) -> bool:

@@ -10,16 +10,18 @@ adapter runs.
 from __future__ import annotations
 
 import contextvars
+import logging
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from outbox._io import Operation, Statement, run_async
+from outbox._io import Operation, Statement, commit_pipelined, run_async
 from outbox.action import Action
 from outbox.batching import GroupWriter
 from outbox.binary_arrays import (
@@ -35,6 +37,8 @@ from outbox.queries import queries_for
 from outbox.results import Finish
 
 T = TypeVar("T")
+
+log = logging.getLogger("outbox.store")
 
 #: How many connections of an outbox pool the current task holds. The executor refuses to call
 #: an adapter while it is not zero (no provider call inside a database transaction).
@@ -203,12 +207,22 @@ def _claim_heads(
     claimed = took.claimed
     if not took.room_for_more(left):
         return claimed
-    # Claimed lanes are executing now, so nothing is taken twice.
-    left -= len(claimed)
-    second = {**(first.params or {}), "reclaim": False, "keys": took.walked, "per_key": left}
-    rows = yield Statement(q["claim_heads"], {**second, "limit": left}, prepare=True)
+    rows = yield second_claim_statement(first, took, left)
     claimed.extend(_claimed([row for row in rows if row["id"] is not None]))
     return claimed
+
+
+def second_claim_statement(first: Statement, took: HeadsClaimed, left: int) -> Statement:
+    """The ``claim_heads`` that fills the room ``first`` left of ``left`` (when
+    ``took.room_for_more``): over the keys it walked, each up to all that room. Claimed lanes
+    are executing now, so nothing is taken twice."""
+    left -= len(took.claimed)
+    params = first.params or {}
+    return Statement(
+        first.sql,
+        {**params, "reclaim": False, "keys": took.walked, "per_key": left, "limit": left},
+        prepare=True,
+    )
 
 
 def release_claims_operation(
@@ -476,20 +490,56 @@ class Store:
         key_caps: Mapping[str, int] | None = None,
         claimer: str | None = None,
     ) -> list[ClaimedAction]:
-        """Claims; with ``take`` (an executor in this process runs what it claims) it takes at
-        once, without (a claimer that pushes, named by ``claimer``) it leaves the take to a
-        worker. The fold and the claim run in one transaction: the fold's statement sets how the
-        claim is planned (``lane_intake``)."""
-        op = claim_operation(
-            self.schema,
-            limits,
-            lease,
-            take=take,
-            key_caps=key_caps,
-            cursor=self.fair_cursor,
-            claimer=claimer,
-        )
-        return await self.run(op, transaction=True)
+        """Claims, as ``claim_operation`` does; with ``take`` (an executor in this process runs
+        what it claims) it takes at once, without (a claimer that pushes, named by ``claimer``)
+        it leaves the take to a worker.
+
+        One round trip (``commit_pipelined``): BEGIN, the fold, each kind's claim and the
+        COMMIT, so the claim's transaction holds its lane rows and heads for the server's time
+        only, not while this process's event loop, busy with other rounds' attempts, comes back
+        to send the next statement (four round trips held them 27 ms of a 58-ms round in
+        ``inprocess``, 14 ms in one). The fold's statement sets how the claims are planned
+        (``lane_intake``); a kind an operator paused claims nothing by itself (``claim_heads``).
+        A kind whose claim left room that a second statement fills (``HeadsClaimed``) gets it in
+        a second round trip of the same shape: the first's claims are committed by then, so
+        it takes other lanes. If that one fails, the first's claims are still returned (they
+        are this process's to run) and the error is logged."""
+        q = queries_for(self.schema)
+        fold = Statement(q["lane_intake"], {"limit": INTAKE_BATCH})
+        caps = key_caps or {}
+        firsts = []
+        for kind, limit in limits.items():
+            if limit > 0:
+                params = {"kind": kind, "limit": limit, "lease": lease, "take": take}
+                first = claim_heads_statement(
+                    q, {**params, "claimer": claimer}, limit, caps.get(kind), self.fair_cursor
+                )
+                firsts.append((kind, limit, first))
+        claimed: list[ClaimedAction] = []
+        async with self.connection() as conn:
+            answers = await commit_pipelined(conn, [fold, *(f[2] for f in firsts)], begin=True)
+            seconds = []
+            for (kind, limit, first), rows in zip(firsts, answers[1:], strict=True):
+                took = heads_claimed(rows, kind, self.fair_cursor)
+                claimed.extend(took.claimed)
+                if took.room_for_more(limit):
+                    seconds.append(second_claim_statement(first, took, limit))
+            if not seconds:
+                return claimed
+            try:
+                answers = await commit_pipelined(conn, [fold, *seconds], begin=True)
+            except psycopg.Error as error:
+                log.warning(
+                    "a second claim statement failed (%s: %s); running the %s claimed",
+                    type(error).__name__,
+                    error,
+                    len(claimed),
+                    extra={"event": "second_claim_failed"},
+                )
+                return claimed
+        for rows in answers[1:]:
+            claimed.extend(_claimed([row for row in rows if row["id"] is not None]))
+        return claimed
 
     async def take_attempt(self, token: FenceToken) -> ClaimedAction | None:
         """The executing action a message names, if its epoch still holds, at most once per

@@ -27,10 +27,10 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg import AsyncClientCursor, AsyncConnection, AsyncCursor, AsyncPipeline, AsyncRawCursor
+from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.rows import dict_row
 
-from outbox._io import Rows, Statement, as_sent, returned_rows
+from outbox._io import Rows, Statement, commit_pipelined, returned_rows
 from outbox.config import Settings
 from outbox.queries import queries_for
 
@@ -87,45 +87,14 @@ async def open_claim_round(
 
 
 async def close_claim_round(conn: AsyncConnection[Any], claims: list[Statement]) -> list[Rows]:
-    """Runs the round's ``claims`` and its COMMIT in one round trip (psycopg's pipeline mode);
+    """Runs the round's ``claims`` and its COMMIT in one round trip (``commit_pipelined``);
     returns each claim's rows, in order. With no claim, it only commits. Either way the round's
-    transaction is over when it returns or raises: committed, or rolled back and the claim's
-    error raised.
-
-    The claims and the COMMIT are two segments of the pipeline, a Sync after each. A claim that
-    fails aborts the transaction and the server skips the rest of its segment; the COMMIT,
-    in the next one, then ends the aborted transaction (as a ROLLBACK), in the same round trip.
-    With one segment the transaction would stay open, aborted and holding the claim lock, until
-    the caller's ROLLBACK came; and psycopg ends a pipeline with a flush request after its
-    Sync, which leaves ``idle_in_transaction_session_timeout`` disarmed (``open_claim_round``),
-    so a claimer paused or cut off right then would hold the lock for ever."""
+    transaction, and the claim lock with it, is over when it returns or raises: committed, or
+    rolled back and the claim's error raised."""
     if not claims:
         await conn.commit()
         return []
-    cursors: list[AsyncCursor[Any]] = []
-    raw = conn.cursor_factory is AsyncCursor
-    async with conn.pipeline() as pipeline:
-        for claim in claims:
-            if raw:
-                cur: AsyncCursor[Any] = AsyncRawCursor(conn, row_factory=dict_row)
-                await cur.execute(*as_sent(claim), prepare=claim.prepare_argument)
-            else:
-                cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(claim.sql, claim.params, prepare=claim.prepare_argument)
-            cursors.append(cur)
-        _end_segment(pipeline)
-        await conn.execute(b"COMMIT")
-    answers = []
-    for cur in cursors:
-        answers.append(await cur.fetchall() if returned_rows(cur) else [])
-        await cur.close()
-    return answers
-
-
-def _end_segment(pipeline: AsyncPipeline) -> None:
-    """Queues a Sync in ``pipeline`` without waiting for the server's answer: psycopg's public
-    ``sync()`` waits for it (a round trip of its own), and there is no other call for it."""
-    pipeline._enqueue_sync()
+    return await commit_pipelined(conn, claims, begin=False)
 
 
 #: Opening queries kept bound: a claimer's are the same every round (its bounds, its kinds), and

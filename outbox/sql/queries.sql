@@ -184,10 +184,16 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
 -- server crash loses was followed by no write, and its action is due again. In process, where
 -- claims take turns (a kind with a concurrency cap, outbox/rounds.py), an hour of slow flushes
 -- would otherwise set every round's pace.
-WITH RECURSIVE expired AS (
+-- A kind an operator paused claims nothing, neither reclaims nor heads (`paused`, one probe of
+-- the pauses' primary key): the in-process claim sends its claims in the same round trip as
+-- the fold that reads the pauses (Store.claim), so it cannot leave a paused kind out itself.
+WITH RECURSIVE paused AS (
+    SELECT EXISTS (SELECT 1 FROM {schema}.agent_action_kind_pause p WHERE p.kind = %(kind)s)
+               AS yes
+), expired AS (
     SELECT a.id
       FROM {schema}.agent_action a
-     WHERE %(reclaim)s
+     WHERE %(reclaim)s AND NOT (SELECT yes FROM paused)
        AND a.state = 'EXECUTING'
        AND a.lease_until <= now()
        AND a.kind = %(kind)s
@@ -213,7 +219,8 @@ WITH RECURSIVE expired AS (
               a.retry_reason, a.created_at, a.ended_at, a.priority, a.limit_key,
               a.lease_until - now() AS lease_left
 ), room AS (
-    SELECT CASE WHEN %(heads)s THEN %(limit)s::int - count(*)::int ELSE 0 END AS n
+    SELECT CASE WHEN %(heads)s AND NOT (SELECT yes FROM paused)
+                THEN %(limit)s::int - count(*)::int ELSE 0 END AS n
       FROM reclaimed
 ), walk(k, first, n) AS (
     SELECT s.k, s.k, 1
@@ -228,6 +235,7 @@ WITH RECURSIVE expired AS (
                   ORDER BY l.head_limit_key LIMIT 1)) AS k
              OFFSET 0) s  -- as in the step below
      WHERE s.k IS NOT NULL AND %(keys)s::text[] IS NULL AND %(heads)s
+       AND NOT (SELECT yes FROM paused)
     UNION ALL
     SELECT x.k, w.first, w.n + 1
       FROM walk w
