@@ -23,12 +23,14 @@ OTHER = ActionKind("OTHER")
 LEASE = timedelta(seconds=30)
 
 
-def _outbox(make_outbox):
-    ob = make_outbox()
-    ob.declare(NOTE)
-    ob.declare(OTHER)
-    ob.migrate()
-    return ob
+@pytest.fixture
+def ob(make_outbox):
+    """An outbox of both kinds, migrated."""
+    outbox = make_outbox()
+    for kind in (NOTE, OTHER):
+        outbox.declare(kind)
+    outbox.migrate()
+    return outbox
 
 
 @pytest.fixture
@@ -52,9 +54,8 @@ def enqueue_in(database_url, schema):
 
 
 async def test_a_paused_kind_claims_neither_heads_nor_reclaims_in_process_until_resumed(
-    make_outbox, database_url, schema, enqueue_in
+    ob, database_url, schema, enqueue_in
 ):
-    ob = _outbox(make_outbox)
     expiring = enqueue_in("NOTE", 3, "x")
     async with ob.store() as store:
         # Three claimed with a lease that runs out at once: reclaims waiting for NOTE.
@@ -74,13 +75,12 @@ async def test_a_paused_kind_claims_neither_heads_nor_reclaims_in_process_until_
 
 
 def test_a_paused_kinds_claim_statement_claims_nothing_by_itself(
-    make_outbox, database_url, schema, enqueue_in, conn
+    ob, database_url, schema, enqueue_in, conn
 ):
     """The claimers and the in-process claim alike: the statement reads the pause."""
     from outbox._io import run_sync
     from outbox.store import claim_operation
 
-    _outbox(make_outbox)
     enqueue_in("NOTE", 4, "n")
     pause(conn, "NOTE", actor="test", schema=schema)
     conn.commit()
@@ -92,11 +92,10 @@ def test_a_paused_kinds_claim_statement_claims_nothing_by_itself(
 
 
 async def test_a_claim_that_leaves_room_fills_it_with_a_second_round_trip(
-    make_outbox, database_url, schema, enqueue_in
+    ob, database_url, schema, enqueue_in
 ):
     """Keys with fewer due heads than their share leave room; the second statement, in a
     transaction of its own after the first committed, fills it with other lanes."""
-    ob = _outbox(make_outbox)
     # One key with many heads, three with one each: a share of 4 a key leaves 9 of 16.
     many = enqueue_in("NOTE", 12, "m")
     few = []
@@ -117,13 +116,12 @@ async def test_a_claim_that_leaves_room_fills_it_with_a_second_round_trip(
 
 
 async def test_the_claim_is_one_round_trip_its_commit_included(
-    make_outbox, database_url, schema, enqueue_in
+    ob, database_url, schema, enqueue_in
 ):
     """Everything the claim sends (BEGIN, the fold, each kind's claim, the COMMIT) goes before
     the server's first answer comes back (libpq's trace of the connection): the transaction is
     over in the server's time, not held open while a busy event loop gets round to sending the
     next statement."""
-    ob = _outbox(make_outbox)
     enqueue_in("NOTE", 20, "n")
     enqueue_in("OTHER", 20, "o")
     pool = AsyncConnectionPool(
@@ -156,13 +154,12 @@ async def test_the_claim_is_one_round_trip_its_commit_included(
 
 
 async def test_a_failed_second_round_trip_still_runs_what_the_first_claimed(
-    make_outbox, database_url, schema, enqueue_in, monkeypatch, caplog
+    ob, database_url, schema, enqueue_in, monkeypatch, caplog
 ):
     """The first round trip's claims are committed: if the one that fills the room fails (the
     server went away between the two), they are returned to run, not left to their leases."""
     from outbox import store as store_module
 
-    ob = _outbox(make_outbox)
     enqueue_in("NOTE", 12, "m")
     with psycopg.connect(database_url) as conn:
         requests = [
