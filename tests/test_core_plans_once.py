@@ -45,6 +45,10 @@ def _enqueue(conn: psycopg.Connection, schema: str, prefix: str, n: int) -> None
     conn.commit()
 
 
+#: How ``claim_heads`` begins: its prepared statement is found by it.
+CLAIM_HEADS = "WITH RECURSIVE paused AS"
+
+
 async def _plans(conn: psycopg.AsyncConnection[Any], *markers: str) -> dict[str, dict[str, Any]]:
     """This session's prepared statements whose text holds each marker: how often each ran on
     a generic plan and how often on a custom one."""
@@ -156,10 +160,10 @@ async def test_a_claimers_rounds_plan_their_claim_once_a_connection(
             plan = await run_async(session, op, started=rows)
             answers = await close_claim_round(session, plan.statements)
             assert len(plan.settle(answers, watch, cursor).claimed) == 1
-        plans = await _plans(session, "WITH RECURSIVE expired AS")
+        plans = await _plans(session, CLAIM_HEADS)
     # Every claim ran on the one generic plan of the statement the pool's warm-up prepared
     # (and ran once, on a plan of its own, before the connection served).
-    counts = plans["WITH RECURSIVE expired AS"]
+    counts = plans[CLAIM_HEADS]
     assert counts["generic_plans"] == RUNS, counts
     assert counts["statements"] == 1, counts
 
@@ -173,9 +177,9 @@ async def test_an_in_process_claim_is_planned_once_a_connection(make_outbox, con
             _enqueue(conn, schema, f"p{i}-", 1)
             assert len(await store.claim({NOTE.name: 10}, LEASE)) == 1
         async with store.connection() as session:
-            plans = await _plans(session, "WITH RECURSIVE expired AS")
+            plans = await _plans(session, CLAIM_HEADS)
     # Every claim ran on the one generic plan of the statement the pool's warm-up prepared.
-    counts = plans["WITH RECURSIVE expired AS"]
+    counts = plans[CLAIM_HEADS]
     assert counts["generic_plans"] == RUNS, counts
     assert counts["statements"] == 1, counts
 
