@@ -472,14 +472,10 @@ class Store:
         finally:
             held_connections.reset(token)
 
-    async def run(self, op: Operation[T], *, transaction: bool = False) -> T:
-        """Runs ``op`` on a pooled connection: each statement on its own (autocommit), or, with
-        ``transaction``, all of them in one transaction."""
+    async def run(self, op: Operation[T]) -> T:
+        """Runs ``op`` on a pooled connection, each statement on its own (autocommit)."""
         async with self.connection() as conn:
-            if not transaction:
-                return await run_async(conn, op)
-            async with conn.transaction():
-                return await run_async(conn, op)
+            return await run_async(conn, op)
 
     async def claim(
         self,
