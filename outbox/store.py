@@ -101,7 +101,9 @@ def claim_operation(
 ) -> Operation[list[ClaimedAction]]:
     """Per kind, reclaims of expired leases first (they wait for nothing), then due lane heads
     (none for the kinds in ``reclaims_only``), in one statement (``claim_heads``); first the
-    lane intake is folded, unless ``intake`` is False (the caller folded it).
+    lane intake is folded, unless ``intake`` is False (the caller folded it). After every kind's
+    first statement, a second for each kind whose first left room its other keys may fill
+    (``settle_first_claims``). ``Store.claim`` sends the same statements in one round trip.
 
     ``limits`` maps each kind to the most actions of that kind to claim now. With ``take`` the
     claim is also the take (an in-process executor runs what it claims): the attempt rises and
@@ -118,25 +120,101 @@ def claim_operation(
     ``claimer``: the heartbeat process id of the claimer that pushes what it claims (its claims
     name it, for ``release_lost_claims_operation``); None in process.
     """
-    q = queries_for(schema)
     paused: frozenset[str] = frozenset()
     if intake:
         paused = (yield from intake_operation(schema)).paused
-    claimed: list[ClaimedAction] = []
-    caps = key_caps or {}
     last = cursor if cursor is not None else {}
-    # Statements a kind, so that each kind's bound holds and each is an index range scan.
+    claims = kind_claims(
+        queries_for(schema),
+        limits,
+        lease,
+        take=take,
+        claimer=claimer,
+        key_caps=key_caps,
+        cursor=last,
+        skip=paused,
+        reclaims_of=reclaims_of,
+        reclaims_only=reclaims_only,
+    )
+    answers = []
+    for claim in claims:
+        answers.append((yield claim.statement))
+    firsts = settle_first_claims(claims, answers, last)
+    claimed = firsts.claimed
+    for statement in firsts.fills:
+        claimed.extend(claimed_rows((yield statement)))
+    return claimed
+
+
+@dataclass(frozen=True, slots=True)
+class KindClaim:
+    """One kind's claim: the most it may take, and its first ``claim_heads``."""
+
+    kind: str
+    limit: int
+    statement: Statement
+
+
+def kind_claims(
+    q: Mapping[str, str],
+    limits: Mapping[str, int],
+    lease: timedelta,
+    *,
+    take: bool,
+    cursor: Mapping[str, str],
+    claimer: str | None = None,
+    key_caps: Mapping[str, int] | None = None,
+    skip: Collection[str] = (),
+    reclaims_of: Collection[str] | None = None,
+    reclaims_only: Collection[str] = (),
+) -> list[KindClaim]:
+    """Each kind's first ``claim_heads`` (``claim_operation`` says what the arguments mean), for
+    every kind with a limit that is not in ``skip``: statements a kind, so that each kind's
+    bound holds and each is an index range scan. ``claim_operation`` sends them one at a time,
+    ``Store.claim`` in one round trip; ``settle_first_claims`` reads their answers."""
+    caps = key_caps or {}
+    claims = []
     for kind, limit in limits.items():
-        if limit <= 0 or kind in paused:
+        if limit <= 0 or kind in skip:
             continue
-        params = {"kind": kind, "limit": limit, "lease": lease, "take": take, "claimer": claimer}
         reclaim = reclaims_of is None or kind in reclaims_of
         heads = kind not in reclaims_only
-        if heads or reclaim:
-            claimed.extend(
-                (yield from _claim_heads(q, params, limit, caps.get(kind), last, reclaim, heads))
-            )
-    return claimed
+        if not (heads or reclaim):
+            continue
+        params = {"kind": kind, "limit": limit, "lease": lease, "take": take, "claimer": claimer}
+        statement = claim_heads_statement(q, params, limit, caps.get(kind), cursor, reclaim, heads)
+        claims.append(KindClaim(kind, limit, statement))
+    return claims
+
+
+@dataclass(frozen=True, slots=True)
+class FirstClaims:
+    """What the kinds' first claims took, and the statements that fill the room some of them
+    left (``HeadsClaimed.room_for_more``; ``second_claim_statement``)."""
+
+    claimed: list[ClaimedAction]
+    fills: list[Statement]
+
+
+def settle_first_claims(
+    claims: Sequence[KindClaim], answers: Sequence[list[dict[str, Any]]], cursor: dict[str, str]
+) -> FirstClaims:
+    """Reads each claim's rows (``answers``, in ``claims`` order): each kind's round robin goes on
+    after the last key it walked (``cursor``)."""
+    claimed: list[ClaimedAction] = []
+    fills: list[Statement] = []
+    for claim, rows in zip(claims, answers, strict=True):
+        took = heads_claimed(rows, claim.kind, cursor)
+        claimed.extend(took.claimed)
+        if took.room_for_more(claim.limit):
+            fills.append(second_claim_statement(claim.statement, took, claim.limit))
+    return FirstClaims(claimed, fills)
+
+
+def claimed_rows(rows: list[dict[str, Any]]) -> list[ClaimedAction]:
+    """The actions a ``claim_heads`` claimed (a claim that found nothing returns one row of
+    NULLs, for its walked keys)."""
+    return _claimed([row for row in rows if row["id"] is not None])
 
 
 def claim_heads_statement(
@@ -188,28 +266,7 @@ def heads_claimed(rows: list[dict[str, Any]], kind: str, cursor: dict[str, str])
     walked: list[str] = (rows[0]["walked"] or []) if rows else []
     if walked:
         cursor[kind] = walked[-1]
-    return HeadsClaimed(_claimed([row for row in rows if row["id"] is not None]), walked)
-
-
-def _claim_heads(
-    q: Mapping[str, str],
-    params: Mapping[str, Any],
-    left: int,
-    key_cap: int | None,
-    cursor: dict[str, str],
-    reclaim: bool = True,
-    heads: bool = True,
-) -> Operation[list[ClaimedAction]]:
-    """Up to ``left`` actions of one kind (``claim_heads_statement``); a second statement only
-    when the first left room (``HeadsClaimed.room_for_more``)."""
-    first = claim_heads_statement(q, params, left, key_cap, cursor, reclaim, heads)
-    took = heads_claimed((yield first), params["kind"], cursor)
-    claimed = took.claimed
-    if not took.room_for_more(left):
-        return claimed
-    rows = yield second_claim_statement(first, took, left)
-    claimed.extend(_claimed([row for row in rows if row["id"] is not None]))
-    return claimed
+    return HeadsClaimed(claimed_rows(rows), walked)
 
 
 def second_claim_statement(first: Statement, took: HeadsClaimed, left: int) -> Statement:
@@ -503,28 +560,18 @@ class Store:
         are this process's to run) and the error is logged."""
         q = queries_for(self.schema)
         fold = Statement(q["lane_intake"], {"limit": INTAKE_BATCH})
-        caps = key_caps or {}
-        firsts = []
-        for kind, limit in limits.items():
-            if limit > 0:
-                params = {"kind": kind, "limit": limit, "lease": lease, "take": take}
-                first = claim_heads_statement(
-                    q, {**params, "claimer": claimer}, limit, caps.get(kind), self.fair_cursor
-                )
-                firsts.append((kind, limit, first))
-        claimed: list[ClaimedAction] = []
+        claims = kind_claims(
+            q, limits, lease, take=take, claimer=claimer, key_caps=key_caps, cursor=self.fair_cursor
+        )
         async with self.connection() as conn:
-            answers = await commit_pipelined(conn, [fold, *(f[2] for f in firsts)], begin=True)
-            seconds = []
-            for (kind, limit, first), rows in zip(firsts, answers[1:], strict=True):
-                took = heads_claimed(rows, kind, self.fair_cursor)
-                claimed.extend(took.claimed)
-                if took.room_for_more(limit):
-                    seconds.append(second_claim_statement(first, took, limit))
-            if not seconds:
+            statements = [fold, *(claim.statement for claim in claims)]
+            answers = await commit_pipelined(conn, statements, begin=True)
+            firsts = settle_first_claims(claims, answers[1:], self.fair_cursor)
+            claimed = firsts.claimed
+            if not firsts.fills:
                 return claimed
             try:
-                answers = await commit_pipelined(conn, [fold, *seconds], begin=True)
+                answers = await commit_pipelined(conn, [fold, *firsts.fills], begin=True)
             except psycopg.Error as error:
                 log.warning(
                     "a second claim statement failed (%s: %s); running the %s claimed",
@@ -535,7 +582,7 @@ class Store:
                 )
                 return claimed
         for rows in answers[1:]:
-            claimed.extend(_claimed([row for row in rows if row["id"] is not None]))
+            claimed.extend(claimed_rows(rows))
         return claimed
 
     async def take_attempt(self, token: FenceToken) -> ClaimedAction | None:

@@ -48,11 +48,12 @@ from outbox.store import (
     INTAKE_BATCH,
     ClaimedAction,
     Intake,
+    KindClaim,
     Store,
     claim_heads_statement,
-    heads_claimed,
     release_claims_operation,
     release_untaken_claims_operation,
+    settle_first_claims,
 )
 
 log = logging.getLogger("outbox.claimer")
@@ -117,15 +118,6 @@ def pushed_items(claimed: Iterable[ClaimedAction]) -> list[tuple[str, FenceToken
 
 
 @dataclass(frozen=True)
-class KindClaim:
-    """One kind's claim in a round: the most it may take, and its ``claim_heads``."""
-
-    kind: str
-    limit: int
-    statement: Statement
-
-
-@dataclass(frozen=True)
 class ClaimPlan:
     """What a claim round decided under the claim lock, from its counts: each kind's claim (the
     claimer sends them together, with the round's COMMIT: ``close_claim_round``), and what the
@@ -146,12 +138,9 @@ class ClaimPlan:
     def settle(self, answers: list[Rows], watch: ConsumptionWatch, cursor: dict[str, str]) -> Round:
         """The round, from each claim's rows (in ``claims`` order); each kind's round robin goes
         on after the last key its claim walked, and a probe that went out is noted."""
-        claimed: list[ClaimedAction] = []
-        room_left = False
-        for claim, rows in zip(self.claims, answers, strict=True):
-            took = heads_claimed(rows, claim.kind, cursor)
-            claimed.extend(took.claimed)
-            room_left = room_left or took.room_for_more(claim.limit)
+        # A room a claim left is filled by the next round, not by a second statement here.
+        firsts = settle_first_claims(self.claims, answers, cursor)
+        claimed = firsts.claimed
         for item in claimed:
             if item.action.kind in self.probing:
                 watch.probed(item.action.kind, item.action.token)
@@ -161,7 +150,7 @@ class ClaimPlan:
             in_flight=self.in_flight,
             folded=self.folded,
             paused=self.paused,
-            room_left=room_left,
+            room_left=bool(firsts.fills),
         )
 
 
