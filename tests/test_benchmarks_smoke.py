@@ -94,6 +94,8 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(
     run_id = f"smoke_{uuid.uuid4().hex[:8]}"
     rows, table = run_benchmarks(run_id, database_url, redis_url, "--only", name, amqp_url=amqp_url)
     assert rows, table
+    if name == "enqueue":
+        assert [row["scenario"] for row in rows][-1] == "enqueue-concurrent", table
     for row in rows:
         assert row.keys() >= KEYS, row
         # A row is named after its scenario (the RabbitMQ rows after what they repeat).
@@ -128,6 +130,11 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(
             functions = row["server_functions"]
             assert functions["agent_action_inserted"]["calls"] == 1.0, functions
             assert functions["agent_action_lanes_moved"]["calls"] > 0, functions
+        if row["scenario"] == "enqueue-concurrent":
+            # Many client processes at once, against plain inserts with and without a NOTIFY.
+            assert row["clients"] > 1 and row["n"] > row["clients"], row
+            assert row["ceiling_per_s"] > 0 and row["notify_ceiling_per_s"] > 0, row
+            assert 0 <= row["notify_ceiling_p50_ms"], row
         if row["scenario"] == "inprocess" and server_time.may_track(database_url):
             # The drain's sessions only: its claims folded the intake and moved the lanes,
             # and the enqueue before the clock was not counted.
