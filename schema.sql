@@ -104,6 +104,10 @@ DECLARE
     instance_level boolean;
     accepted boolean;
     bad record;
+    -- Off only when the setting says so in one of these spellings: any other value (a typo
+    -- included) keeps the wake-up, and never fails the application's insert.
+    wake boolean := coalesce(lower(current_setting('outbox.enqueue_notify', true)), 'on')
+                    NOT IN ('off', 'false', 'no', '0');
 BEGIN
     SELECT count(*) AS actions, min(n.kind) AS kind, max(n.kind) AS last_kind,
            min(n.lane_key) AS lane_key, max(n.lane_key) AS last_lane_key,
@@ -118,7 +122,9 @@ BEGIN
     IF batch.kind = batch.last_kind THEN
         PERFORM pg_advisory_xact_lock_shared(
                     hashtextextended('outbox kind ' || current_schema() || '.' || batch.kind, 0));
-        PERFORM pg_notify('outbox_' || current_schema(), '');
+        IF wake THEN
+            PERFORM pg_notify('outbox_' || current_schema(), '');
+        END IF;
         -- After the lock, so that the read sees what a deletion of the kind committed meanwhile.
         SELECT k.instance_level INTO instance_level
           FROM agent_action_kind k WHERE k.name = batch.kind;
@@ -126,9 +132,11 @@ BEGIN
                     AND (instance_level OR NOT batch.without_workspace);
     ELSE
         PERFORM pg_advisory_xact_lock_shared(
-                    hashtextextended('outbox kind ' || current_schema() || '.' || k.kind, 0)),
-                pg_notify('outbox_' || current_schema(), '')
+                    hashtextextended('outbox kind ' || current_schema() || '.' || k.kind, 0))
            FROM (SELECT DISTINCT n.kind FROM new_actions n ORDER BY n.kind) k;
+        IF wake THEN
+            PERFORM pg_notify('outbox_' || current_schema(), '');
+        END IF;
         accepted := NOT batch.broken AND NOT EXISTS (
             SELECT 1 FROM new_actions n
               LEFT JOIN agent_action_kind k ON k.name = n.kind

@@ -7,9 +7,10 @@ PostgreSQL serializes the commits of notifying transactions: each takes one lock
 reach listeners in commit order. Concurrent enqueuers then commit one after the other instead of
 sharing WAL flushes. A third side, the plain insert plus the same NOTIFY in its transaction,
 measures what that alone costs (``notify_ceiling_ratio``), apart from the outbox's other
-bookkeeping.
+bookkeeping; a fourth, the enqueue on connections with ``outbox.enqueue_notify = off``
+(migration 0027), what turning it off gives back (``quiet_per_s``, ``quiet_ratio``).
 
-The three sides take turns (``TURNS``, the first side rotating), each turn a fixed time with
+The four sides take turns (``TURNS``, the first side rotating), each turn a fixed time with
 every process writing as fast as it can; a side's rate is its writes over its turns' time.
 """
 
@@ -34,7 +35,7 @@ TURNS = 3
 #: outbox's during this scenario (PostgreSQL queues a notification whether or not anyone listens).
 PLAIN_CHANNEL = "outbox_bench_plain"
 #: The sides, in the order of the first turn.
-SIDES = ("plain", "plain-notify", "outbox")
+SIDES = ("plain", "plain-notify", "outbox", "outbox-quiet")
 
 
 #: One transaction's write (its commit is the caller's), given the row's key.
@@ -55,7 +56,12 @@ def _writer(side: str, schema: str, insert_plain: str) -> Write:
         plain_write(conn, key)
         conn.execute("SELECT pg_notify(%s, '')", (PLAIN_CHANNEL,))
 
-    return {"outbox": outbox_write, "plain": plain_write, "plain-notify": plain_notify_write}[side]
+    return {
+        "outbox": outbox_write,
+        "outbox-quiet": outbox_write,
+        "plain": plain_write,
+        "plain-notify": plain_notify_write,
+    }[side]
 
 
 def _client(args: tuple[str, str, str, str, float, float]) -> list[float]:
@@ -64,7 +70,9 @@ def _client(args: tuple[str, str, str, str, float, float]) -> list[float]:
     side, schema, insert_plain, tag, start, end = args
     write = _writer(side, schema, insert_plain)
     latencies: list[float] = []
-    with psycopg.connect(DATABASE_URL) as conn:
+    # As an application would turn it off for its role or database (ALTER ROLE ... SET).
+    options = "-c outbox.enqueue_notify=off" if side == "outbox-quiet" else ""
+    with psycopg.connect(DATABASE_URL, options=options) as conn:
         write(conn, f"{tag}-warm")  # the connection's first statements, before the clock
         conn.commit()
         while time.time() < start:
@@ -87,7 +95,7 @@ def _ready(ready: Any) -> None:
 
 
 def run(scale: Scale, schema: str, insert_plain: str) -> Result:
-    """The three sides in turns, in ``schema`` (migrated, with ``enqueue``'s plain table)."""
+    """The four sides in turns, in ``schema`` (migrated, with ``enqueue``'s plain table)."""
     seconds = scale.seconds(2.0, 5.0)
     latencies: dict[str, list[float]] = {side: [] for side in SIDES}
     spent = dict.fromkeys(SIDES, 0.0)
@@ -128,5 +136,8 @@ def run(scale: Scale, schema: str, insert_plain: str) -> Result:
             "notify_ceiling_per_s": round(rate["plain-notify"], 1),
             "notify_ceiling_p50_ms": ms(percentile(latencies["plain-notify"], 50)),
             "notify_ceiling_ratio": round(rate["plain-notify"] / rate["plain"], 3),
+            "quiet_per_s": round(rate["outbox-quiet"], 1),
+            "quiet_p50_ms": ms(percentile(latencies["outbox-quiet"], 50)),
+            "quiet_ratio": round(rate["outbox-quiet"] / rate["plain"], 3),
         },
     )
