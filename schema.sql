@@ -104,10 +104,9 @@ DECLARE
     instance_level boolean;
     accepted boolean;
     bad record;
-    -- Off only when the setting says so in one of these spellings: any other value (a typo
-    -- included) keeps the wake-up, and never fails the application's insert.
-    wake boolean := coalesce(lower(current_setting('outbox.enqueue_notify', true)), 'on')
-                    NOT IN ('off', 'false', 'no', '0');
+    -- Off only when the setting spells off: any other value (a typo included) keeps the
+    -- wake-up, and never fails the application's insert.
+    wake boolean := NOT agent_action_notify_off(current_setting('outbox.enqueue_notify', true));
 BEGIN
     SELECT count(*) AS actions, min(n.kind) AS kind, max(n.kind) AS last_kind,
            min(n.lane_key) AS lane_key, max(n.lane_key) AS last_lane_key,
@@ -666,6 +665,14 @@ BEGIN
     END IF;
     RETURN NULL;
 END;
+$$;
+
+-- function agent_action_notify_off(text)
+
+CREATE FUNCTION outbox.agent_action_notify_off(value text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT coalesce(lower(value) IN ('off', 'false', 'no', '0'), false)
 $$;
 
 -- function agent_action_refuse_broken(outbox.agent_action)

@@ -14,6 +14,13 @@
 -- or any other value, the insert notifies as before. Nothing else changes: the kinds' check and
 -- lock, the rules and the intake row are as in 0020.
 
+-- Whether a value of outbox.enqueue_notify turns the NOTIFY off: only these spellings, in any
+-- case (the trigger, and outbox status when it lists the roles and databases that set it).
+CREATE FUNCTION agent_action_notify_off(value text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(lower(value) IN ('off', 'false', 'no', '0'), false)
+$$;
+
 CREATE OR REPLACE FUNCTION agent_action_inserted() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -21,10 +28,9 @@ DECLARE
     instance_level boolean;
     accepted boolean;
     bad record;
-    -- Off only when the setting says so in one of these spellings: any other value (a typo
-    -- included) keeps the wake-up, and never fails the application's insert.
-    wake boolean := coalesce(lower(current_setting('outbox.enqueue_notify', true)), 'on')
-                    NOT IN ('off', 'false', 'no', '0');
+    -- Off only when the setting spells off: any other value (a typo included) keeps the
+    -- wake-up, and never fails the application's insert.
+    wake boolean := NOT agent_action_notify_off(current_setting('outbox.enqueue_notify', true));
 BEGIN
     SELECT count(*) AS actions, min(n.kind) AS kind, max(n.kind) AS last_kind,
            min(n.lane_key) AS lane_key, max(n.lane_key) AS last_lane_key,

@@ -41,6 +41,9 @@ class StatusReport:
     paused: list[dict[str, Any]] = field(default_factory=list)
     #: Claimer and worker processes whose heartbeat is recent.
     processes: list[dict[str, Any]] = field(default_factory=list)
+    #: The roles and databases whose enqueues send no NOTIFY (``outbox.enqueue_notify`` off:
+    #: role and database, None for every one), whose actions claimers find at their poll.
+    enqueue_notify_off: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,6 +70,29 @@ def status_operation(
         latest_failed=ended[ActionState.FAILED.value],
         paused=[p.as_dict() for p in (yield from paused_kinds_operation(schema))],
         processes=[p.as_dict() for p in (yield from live_processes_operation(schema, live_within))],
+        enqueue_notify_off=(yield from enqueue_notify_off_operation(schema)),
+    )
+
+
+def enqueue_notify_off_operation(schema: str) -> Operation[list[dict[str, Any]]]:
+    """The role and database defaults that turn the enqueue's NOTIFY off for this database
+    (``enqueue_notify_off`` in ``queries.sql``)."""
+    rows = yield Statement(queries_for(schema)["enqueue_notify_off"])
+    return [dict(r) for r in rows]
+
+
+def describe_enqueue_notify_off(settings: list[dict[str, Any]]) -> str | None:
+    """Who enqueues without a NOTIFY, in words (None: everyone notifies)."""
+    if not settings:
+        return None
+    who = [
+        (f"role {s['role']}" if s["role"] else "every role")
+        + (" in this database" if s["database"] else " in every database")
+        for s in settings
+    ]
+    return (
+        f"enqueues send no NOTIFY (outbox.enqueue_notify=off) for {'; '.join(who)}: claimers "
+        "find their actions at their poll (OUTBOX_POLL_INTERVAL_SECONDS)"
     )
 
 
@@ -249,6 +275,10 @@ def render_status(report: StatusReport) -> str:
             )
     else:
         lines.append("paused kinds: none")
+    lines.append(
+        describe_enqueue_notify_off(report.enqueue_notify_off)
+        or "enqueue NOTIFY: on (claimers wake at each enqueue's commit)"
+    )
     lines.append("live processes:" if report.processes else "live processes: none")
     for p in report.processes:
         lines.append(

@@ -8,14 +8,20 @@ Any other value keeps the NOTIFY and never fails the application's insert.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import time
+import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from outbox import ActionKind, ActionRequest, enqueue, enqueue_many
 from outbox.dispatch import Claimer, broker_from_url, install
+from outbox.status import render_status, status
 from tests.apps import dispatch_app
 from tests.support import rows
 
@@ -155,3 +161,74 @@ async def test_a_claimer_finds_a_quiet_enqueue_at_its_poll_not_before(
         finally:
             stop.set()
             await asyncio.wait_for(running, 10)
+
+
+#: The claimer's start-up line about them.
+QUIET_EVENT = "enqueue_notify_off"
+
+
+@pytest.fixture
+def quiet_role(database_url: str) -> Iterator[str]:
+    """A login role of its own whose default in this database turns the NOTIFY off, as
+    ``ALTER ROLE app IN DATABASE db SET outbox.enqueue_notify = off`` does for an application
+    (roles are the cluster's, not the test's schema's: dropped afterwards, with the setting). It
+    has the privileges of the role that runs the tests."""
+    name = f"outbox_quiet_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    role = sql.Identifier(name)
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        database = sql.Identifier(admin.info.dbname)
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(role))
+        try:
+            runner = sql.Identifier(admin.info.user)
+            admin.execute(sql.SQL("GRANT {} TO {}").format(runner, role))
+            admin.execute(
+                sql.SQL("ALTER ROLE {} IN DATABASE {} SET outbox.enqueue_notify = 'OFF'").format(
+                    role, database
+                )
+            )
+            yield name
+        finally:
+            admin.execute(sql.SQL("DROP ROLE {}").format(role))
+
+
+def test_a_role_whose_default_is_off_enqueues_without_a_notify_and_status_says_so(
+    outbox, database_url, schema, listener, quiet_role
+):
+    with psycopg.connect(database_url, user=quiet_role) as conn:
+        assert conn.execute("SHOW outbox.enqueue_notify").fetchone() == ("OFF",)
+        enqueue(conn, request("quiet"), schema=schema)
+        conn.commit()
+    assert notified(listener) == 0
+    with psycopg.connect(database_url) as conn:
+        report = status(conn, schema=schema)
+        database = conn.info.dbname
+    assert {"role": quiet_role, "database": database} in report.enqueue_notify_off
+    assert f"role {quiet_role} in this database" in render_status(report)
+
+
+def test_status_says_the_notify_is_on_when_nobody_turned_it_off(outbox, conn, schema):
+    report = status(conn, schema=schema)
+    if not report.enqueue_notify_off:  # another role of this cluster may have it off
+        assert "enqueue NOTIFY: on" in render_status(report)
+    assert report.as_dict()["enqueue_notify_off"] == report.enqueue_notify_off
+
+
+async def test_a_claimer_says_at_start_whose_enqueues_it_finds_at_its_poll_only(
+    make_outbox, schema: str, redis_url: str, quiet_role: str, caplog
+) -> None:
+    url = make_outbox().settings.require_database_url()
+    outbox = dispatch_app.build(url, schema, schema.upper(), poll_interval=timedelta(seconds=0.4))
+    outbox.migrate()
+    dispatch = install(outbox, broker_from_url(redis_url))
+    stop = asyncio.Event()
+    caplog.set_level(logging.INFO, logger="outbox.claimer")
+    async with outbox.store() as store:
+        running = asyncio.create_task(Claimer(dispatch, store).run(stop))
+        await asyncio.sleep(0.5)
+        stop.set()
+        await asyncio.wait_for(running, 10)
+    said = [
+        r.getMessage() for r in caplog.records if getattr(r, "event", "") == "enqueue_notify_off"
+    ]
+    assert len(said) == 1, said
+    assert f"role {quiet_role} in this database" in said[0] and "every 0.4s here" in said[0]

@@ -44,6 +44,7 @@ from outbox.health import ProcessHealth, process_health, start_health_server
 from outbox.limits import KindLimits
 from outbox.maintenance import Maintenance
 from outbox.queries import queries_for
+from outbox.status import describe_enqueue_notify_off, enqueue_notify_off_operation
 from outbox.store import (
     INTAKE_BATCH,
     ClaimedAction,
@@ -534,6 +535,7 @@ class Claimer:
         # Its row exists before its first claim: a claim whose claimer has no row (one that
         # stopped cleanly) is never taken for a lost claimer's.
         await self.heartbeat.beat()
+        await self._report_quiet_enqueues()
         beating = asyncio.Event()
         heartbeat = asyncio.create_task(self.heartbeat.run(beating))
         housekeeping = asyncio.create_task(self.housekeep(beating))
@@ -570,6 +572,24 @@ class Claimer:
             await self._close_loop_pusher()
             self.off_loop.close()
             log.info("claimer stopped: %s", self.totals)
+
+    async def _report_quiet_enqueues(self) -> None:
+        """Says at start when the enqueues of a role or a database send no NOTIFY
+        (``outbox.enqueue_notify`` off): this claimer finds their actions at its poll only. A
+        failed look is logged and passed over: it informs, it guards nothing."""
+        try:
+            quiet = await self.store.run(enqueue_notify_off_operation(self.store.schema))
+        except psycopg.Error as error:
+            log.warning("could not read outbox.enqueue_notify's defaults (%s)", one_line(error))
+            return
+        said = describe_enqueue_notify_off(quiet)
+        if said:
+            log.info(
+                "%s: every %ss here",
+                said,
+                self.settings.poll_interval.total_seconds(),
+                extra={"event": "enqueue_notify_off"},
+            )
 
     async def wait(self, timeout: float, stop: asyncio.Event) -> None:
         """Until an enqueue NOTIFY, ``timeout`` seconds, or ``stop``; polling if LISTEN fails."""

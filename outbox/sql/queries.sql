@@ -1298,6 +1298,21 @@ SELECT kind, paused_by, paused_at, note FROM {schema}.agent_action_kind_pause
 -- Operator: resume a paused kind.
 DELETE FROM {schema}.agent_action_kind_pause WHERE kind = %(kind)s RETURNING kind
 
+-- name: enqueue_notify_off
+-- Where outbox.enqueue_notify is off by default for this database (ALTER ROLE or ALTER DATABASE
+-- ... SET): each role (NULL: every role) and database (NULL: every database) that sets it, as
+-- PostgreSQL keeps them. A connection's, a session's or a transaction's own setting is not
+-- listed (no other session can see it).
+SELECT CASE WHEN s.setrole = 0 THEN NULL ELSE s.setrole::regrole::text END AS role,
+       CASE WHEN s.setdatabase = 0 THEN NULL ELSE current_database()::text END AS database
+  FROM pg_catalog.pg_db_role_setting s
+ CROSS JOIN LATERAL unnest(s.setconfig) AS c(entry)
+ WHERE s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database d
+                              WHERE d.datname = current_database()))
+   AND lower(split_part(c.entry, '=', 1)) = 'outbox.enqueue_notify'
+   AND {schema}.agent_action_notify_off(substr(c.entry, strpos(c.entry, '=') + 1))
+ ORDER BY 1 NULLS FIRST, 2 NULLS FIRST
+
 -- name: paused_kinds
 -- Operator, status: the paused kinds.
 SELECT kind, paused_by, paused_at, note FROM {schema}.agent_action_kind_pause ORDER BY kind
