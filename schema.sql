@@ -97,62 +97,70 @@ $$;
 
 CREATE FUNCTION outbox.agent_action_inserted() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'outbox'
     AS $$
 DECLARE
     batch record;
     instance_level boolean;
     accepted boolean;
     bad record;
-    -- Off only when the setting spells off: any other value (a typo included) keeps the
-    -- wake-up, and never fails the application's insert.
-    wake boolean := NOT agent_action_notify_off(current_setting('outbox.enqueue_notify', true));
 BEGIN
     SELECT count(*) AS actions, min(n.kind) AS kind, max(n.kind) AS last_kind,
            min(n.lane_key) AS lane_key, max(n.lane_key) AS last_lane_key,
            max(n.priority) AS priority, bool_or(n.workspace_id IS NULL) AS without_workspace,
            bool_or(n.state NOT IN ('PROPOSED', 'ADMITTED') OR n.epoch <> 0 OR n.attempt <> 0
-                   OR agent_action_broken_check(n) IS NOT NULL) AS broken
+                   OR outbox.agent_action_broken_check(n) IS NOT NULL) AS broken,
+           CASE WHEN min(n.kind) = max(n.kind) THEN
+               pg_advisory_xact_lock_shared(
+                   hashtextextended('outbox kind ' || 'outbox' || '.' || min(n.kind), 0))
+           END AS kind_locked,
+           -- Off only when the setting spells off: any other value (a typo included) keeps
+           -- the wake-up, and never fails the application's insert.
+           CASE WHEN count(*) > 0 AND NOT outbox.agent_action_notify_off(
+                                              current_setting('outbox.enqueue_notify', true))
+               THEN pg_notify('outbox_' || 'outbox', '')
+           END AS woke
       INTO batch
       FROM new_actions n;
     IF batch.actions = 0 THEN
         RETURN NULL;
     END IF;
-    IF batch.kind = batch.last_kind THEN
-        PERFORM pg_advisory_xact_lock_shared(
-                    hashtextextended('outbox kind ' || current_schema() || '.' || batch.kind, 0));
-        IF wake THEN
-            PERFORM pg_notify('outbox_' || current_schema(), '');
+    IF batch.kind = batch.last_kind AND batch.lane_key = batch.last_lane_key
+       AND NOT batch.broken THEN
+        INSERT INTO outbox.agent_action_lane_intake (lane_key, priority)
+        SELECT batch.lane_key, batch.priority
+          FROM outbox.agent_action_kind k
+         WHERE k.name = batch.kind AND (k.instance_level OR NOT batch.without_workspace);
+        IF FOUND THEN
+            RETURN NULL;
         END IF;
-        -- After the lock, so that the read sees what a deletion of the kind committed meanwhile.
+        accepted := false;
+    ELSIF batch.kind = batch.last_kind THEN
         SELECT k.instance_level INTO instance_level
-          FROM agent_action_kind k WHERE k.name = batch.kind;
+          FROM outbox.agent_action_kind k WHERE k.name = batch.kind;
         accepted := FOUND AND NOT batch.broken
                     AND (instance_level OR NOT batch.without_workspace);
     ELSE
         PERFORM pg_advisory_xact_lock_shared(
-                    hashtextextended('outbox kind ' || current_schema() || '.' || k.kind, 0))
+                    hashtextextended('outbox kind ' || 'outbox' || '.' || k.kind, 0))
            FROM (SELECT DISTINCT n.kind FROM new_actions n ORDER BY n.kind) k;
-        IF wake THEN
-            PERFORM pg_notify('outbox_' || current_schema(), '');
-        END IF;
         accepted := NOT batch.broken AND NOT EXISTS (
             SELECT 1 FROM new_actions n
-              LEFT JOIN agent_action_kind k ON k.name = n.kind
+              LEFT JOIN outbox.agent_action_kind k ON k.name = n.kind
              WHERE k.name IS NULL OR (n.workspace_id IS NULL AND NOT k.instance_level));
     END IF;
     IF NOT accepted THEN
         SELECT n.id, n.kind, n.state, n.epoch, n.attempt, k.name IS NOT NULL AS known INTO bad
           FROM new_actions n
-          LEFT JOIN agent_action_kind k ON k.name = n.kind
+          LEFT JOIN outbox.agent_action_kind k ON k.name = n.kind
          WHERE k.name IS NULL
             OR n.state NOT IN ('PROPOSED', 'ADMITTED') OR n.epoch <> 0 OR n.attempt <> 0
             OR (n.workspace_id IS NULL AND NOT k.instance_level)
-            OR agent_action_broken_check(n) IS NOT NULL
+            OR outbox.agent_action_broken_check(n) IS NOT NULL
          ORDER BY k.name IS NULL DESC, n.id
          LIMIT 1;
         -- The row's rules first: the constraints ran before the trigger did.
-        PERFORM agent_action_refuse_broken(a) FROM agent_action a WHERE a.id = bad.id;
+        PERFORM outbox.agent_action_refuse_broken(a)
+           FROM outbox.agent_action a WHERE a.id = bad.id;
         IF NOT bad.known THEN
             RAISE EXCEPTION 'insert or update on table "agent_action" violates foreign key constraint "agent_action_kind_fkey"'
                 USING ERRCODE = 'foreign_key_violation', TABLE = 'agent_action',
@@ -172,10 +180,10 @@ BEGIN
     -- One intake row for the statement: its lane when it touched one, else all its lanes, the
     -- highest priority first (a fold that takes part of the row takes those first).
     IF batch.lane_key = batch.last_lane_key THEN
-        INSERT INTO agent_action_lane_intake (lane_key, priority)
+        INSERT INTO outbox.agent_action_lane_intake (lane_key, priority)
         VALUES (batch.lane_key, batch.priority);
     ELSE
-        INSERT INTO agent_action_lane_intake (lane_keys, lanes, priority)
+        INSERT INTO outbox.agent_action_lane_intake (lane_keys, lanes, priority)
         SELECT array_agg(l.lane_key ORDER BY l.priority DESC), count(*), max(l.priority)
           FROM (SELECT n.lane_key, max(n.priority) AS priority
                   FROM new_actions n GROUP BY n.lane_key) l;
