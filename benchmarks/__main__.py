@@ -46,6 +46,10 @@ SCENARIOS: dict[str, str] = {
     # memory an in-flight action costs the claimer and a worker process.
     "slow-provider": "benchmarks.slow_provider",
     "memory": "benchmarks.memory",
+    # Nothing enqueued: the CPU and the statements a second of idle processes, and the peers'.
+    "idle": "benchmarks.idle",
+    "pgqueuer-idle": "benchmarks.peers.pgqueuer_runs:run_idle",
+    "procrastinate-idle": "benchmarks.peers.procrastinate_runs:run_idle",
     # A backlog waiting while every process (re)starts: the time to the first and last start.
     "cold-start": "benchmarks.cold_start",
     # A large backlog left by an outage, then a claimer and a pool: does what waits slow them?

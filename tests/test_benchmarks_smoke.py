@@ -49,6 +49,9 @@ CPU_REPORTED = {
     "backlog-small",
     "backlog-large",
 }
+#: Rows of processes left with nothing to do: no rate and no latency, the CPU and the
+#: statements a second instead.
+IDLE = {"idle", "pgqueuer-idle", "procrastinate-idle"}
 #: Scenarios whose broker is RabbitMQ (the rest run on Redis).
 ON_RABBITMQ = {"rabbitmq"}
 
@@ -101,6 +104,10 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(
         # A row is named after its scenario (the RabbitMQ rows after what they repeat).
         assert row["scenario"].startswith(name) or row["scenario"].endswith(f"-{name}"), row
         assert row["n"] > 0
+        if row["scenario"] in IDLE:
+            assert_idle_row(row)
+            assert row["scenario"] in table
+            continue
         assert row["actions_per_s"] > 0
         if row["scenario"] not in THROUGHPUT_ONLY:
             assert 0 <= row["p50_ms"] <= row["p99_ms"]
@@ -174,6 +181,51 @@ def test_inprocess_and_its_peer_drain_in_turns_and_compare_by_the_median_pair(
     assert peer["actions_per_s"] == peer["rounds_per_s"][median_pair]
     assert compared["peer_per_s"] == peer["actions_per_s"]
     assert ours["ratio_to"].startswith("pgbench") and ours["ceiling_per_s"] > 0
+    assert_nothing_left(run_id, database_url, redis_url)
+
+
+def assert_idle_row(row: dict) -> None:
+    """An idle row: the seconds watched, each process tree's and service's share of a core and
+    their sum (and as the fraction of a core it is, the ratio), the transactions and Redis
+    commands a second; no rate or latency."""
+    assert row["actions_per_s"] is None and row["p50_ms"] is None and row["p99_ms"] is None, row
+    assert row["window_s"] > 0, row
+    shares = [
+        value for key, value in row.items() if key.endswith("_cpu_pct") and key != "total_cpu_pct"
+    ]
+    assert len(shares) >= 3 and all(share >= 0 for share in shares), row
+    assert row["total_cpu_pct"] == pytest.approx(sum(shares), abs=0.01), row
+    assert row["total_cpu_pct"] > 0, row
+    assert row["ratio"] == pytest.approx(row["total_cpu_pct"] / 100, abs=1e-4), row
+    assert row["ratio_to"] == "one-core", row
+    assert row["pg_xacts_per_s"] >= 0 and row["redis_commands_per_s"] >= 0, row
+
+
+@pytest.mark.slow
+def test_idle_processes_are_compared_with_each_idle_peer(database_url, redis_url):
+    for name in ("pgqueuer-idle", "procrastinate-idle"):
+        if why := peers.missing(name):
+            missing_service(why)
+    run_id = f"smoke_{uuid.uuid4().hex[:8]}"
+    rows, table = run_benchmarks(
+        run_id, database_url, redis_url, "--only", "idle", "pgqueuer-idle", "procrastinate-idle"
+    )
+    by_name = {row["scenario"]: row for row in rows}
+    assert list(by_name) == [
+        "idle",
+        "pgqueuer-idle",
+        "idle-vs-pgqueuer",
+        "procrastinate-idle",
+        "idle-vs-procrastinate",
+    ], table
+    ours = by_name["idle"]
+    assert {"claimer_cpu_pct", "workers_cpu_pct", "redis_cpu_pct"} <= ours.keys(), ours
+    assert "workers_cpu_pct" in by_name["procrastinate-idle"], by_name["procrastinate-idle"]
+    for peer in ("pgqueuer", "procrastinate"):
+        compared, theirs = by_name[f"idle-vs-{peer}"], by_name[f"{peer}-idle"]
+        expected = ours["total_cpu_pct"] / theirs["total_cpu_pct"]
+        assert compared["ratio"] == pytest.approx(expected, abs=0.001), compared
+        assert compared["peer_pg_xacts_per_s"] == theirs["pg_xacts_per_s"], compared
     assert_nothing_left(run_id, database_url, redis_url)
 
 

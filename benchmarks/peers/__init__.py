@@ -16,6 +16,8 @@ PACKAGES = {
     "pgqueuer-latency": "pgqueuer",
     "procrastinate-latency": "procrastinate",
     "procrastinate-lanes": "procrastinate",
+    "pgqueuer-idle": "pgqueuer",
+    "procrastinate-idle": "procrastinate",
 }
 
 

@@ -1,6 +1,7 @@
 """Rows that compare an outbox scenario with its peer when both ran in the same run:
 ``<ours>-vs-<peer>``, carrying our row's numbers and ``ratio`` = ours over the peer's (actions/s
-for throughput, p50 for latency: above 1 the outbox is faster, resp. slower)."""
+for throughput, p50 for latency, the CPU in all for idle processes: above 1 the outbox is
+faster, resp. slower, resp. costs more)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from benchmarks.common import Result
 class Comparison:
     ours: str
     peer: str
-    #: "throughput" (actions/s) or "latency" (p50).
+    #: "throughput" (actions/s), "latency" (p50) or "idle" (``total_cpu_pct``).
     measure: str
 
     @property
@@ -27,6 +28,8 @@ COMPARISONS = (
     Comparison("latency", "procrastinate-latency", "latency"),
     Comparison("lanes-50", "procrastinate-lanes-50", "throughput"),
     Comparison("lanes-1000", "procrastinate-lanes-1000", "throughput"),
+    Comparison("idle", "pgqueuer-idle", "idle"),
+    Comparison("idle", "procrastinate-idle", "idle"),
 )
 
 
@@ -51,6 +54,14 @@ def comparison_row(comparison: Comparison, ours: Result, peer: Result) -> Result
     if comparison.measure == "throughput":
         mine, theirs = ours.actions_per_s, peer.actions_per_s
         extra = {"peer_per_s": theirs, **_cpu_ratios(ours, peer)}
+    elif comparison.measure == "idle":
+        mine, theirs = ours.extra.get("total_cpu_pct"), peer.extra.get("total_cpu_pct")
+        extra = {
+            "total_cpu_pct": mine,
+            "peer_total_cpu_pct": theirs,
+            "pg_xacts_per_s": ours.extra.get("pg_xacts_per_s"),
+            "peer_pg_xacts_per_s": peer.extra.get("pg_xacts_per_s"),
+        }
     else:
         mine, theirs = ours.p50_ms, peer.p50_ms
         p99 = ours.p99_ms / peer.p99_ms if ours.p99_ms and peer.p99_ms else None

@@ -9,6 +9,8 @@
   connection) at 100/s while one consumer process idles (pgqueuer's defaults: LISTEN/NOTIFY,
   batch size 10); the time from ``enqueue`` returning to the entrypoint's start, as ``latency``
   measures the outbox's.
+- ``pgqueuer-idle``: that consumer process with nothing to do, watched as ``idle`` watches the
+  outbox's processes.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ import uvloop
 from pgqueuer.models import Job
 from pgqueuer.types import QueueExecutionMode
 
-from benchmarks import dramatiq_raw, inprocess
+from benchmarks import dramatiq_raw, idle, inprocess
 from benchmarks.common import REDIS_URL, Result, Scale, bench_schema, ms, percentile
 from benchmarks.cpu import CpuMeter
 from benchmarks.peers import pgqueuer_app
 from benchmarks.peers.pgqueuer_app import ENTRYPOINT, STARTS_KEY, connect, consumer
-from benchmarks.rig import IDLE_SETTLE, REPO, paced, rig, wait_until
+from benchmarks.rig import IDLE_SETTLE, REPO, Rig, paced, rig, wait_until
 from outbox.dispatch.processes import OutboxProcess
 
 #: pgqueuer's benchmark tool: concurrent dequeue tasks (its default), and the batch size.
@@ -121,20 +123,33 @@ async def _enqueue_paced(schema: str, n: int) -> dict[int, float]:
     return committed
 
 
+def _start_consumer(r: Rig, schema: str) -> int:
+    """The latency scenario's consumer process, installed and listening: its pid."""
+    uvloop.run(_install(schema))
+    argv = [sys.executable, "-m", pgqueuer_app.__name__, schema]
+    proc = OutboxProcess(argv, r.env(), cwd=REPO)
+    r.stack.callback(proc.close)
+    proc.wait_for(pgqueuer_app.READY, timeout=60)
+    time.sleep(IDLE_SETTLE * 2)  # its LISTEN is up a moment after the entrypoint
+    return proc.pid
+
+
 def run_latency(scale: Scale) -> list[Result]:
     n = scale.n(300, 3_000, floor=20)  # as ``latency``
     with bench_schema("pgqueuer_latency") as schema, rig(schema) as r:
-        uvloop.run(_install(schema))
-        argv = [sys.executable, "-m", pgqueuer_app.__name__, schema]
-        proc = OutboxProcess(argv, r.env(), cwd=REPO)
-        r.stack.callback(proc.close)
-        proc.wait_for(pgqueuer_app.READY, timeout=60)
-        time.sleep(IDLE_SETTLE * 2)  # its LISTEN is up a moment after the entrypoint
+        _start_consumer(r, schema)
         committed = uvloop.run(_enqueue_paced(schema, n))
         with redis.Redis.from_url(REDIS_URL) as client:
             wait_until(lambda: client.hlen(STARTS_KEY) >= n, 60, "pgqueuer jobs not started")
             starts = {int(k): float(v) for k, v in client.hgetall(STARTS_KEY).items()}
     return [latency_result("pgqueuer-latency", committed, starts, {"batch_size": 10})]
+
+
+def run_idle(scale: Scale) -> list[Result]:
+    with bench_schema("pgqueuer_idle") as schema, rig(schema) as r:
+        consumer = _start_consumer(r, schema)
+        layout = {"processes": 1, "batch_size": 10}
+        return [idle.watched("pgqueuer-idle", idle.Watch.of(scale), layout, consumer=consumer)]
 
 
 def latency_result(

@@ -4,6 +4,8 @@ of ``CONCURRENCY`` sub-workers each (the outbox pool's layout), LISTEN/NOTIFY on
 - ``procrastinate-latency``: jobs deferred one a transaction (``defer_async``) at 100/s while
   the workers idle; the time from ``defer_async`` returning to the task's start, as ``latency``
   measures the outbox's.
+- ``procrastinate-idle``: those worker processes with nothing to do, watched as ``idle`` watches
+  the outbox's processes.
 - ``procrastinate-lanes-50``, ``procrastinate-lanes-1000``: the ``lanes`` scenario's jobs with
   ``lock=`` the lane (procrastinate runs the jobs of one lock one at a time, oldest first),
   deferred in batches of 100 (``batch_defer_jobs_async``, one statement a batch) by concurrent
@@ -23,7 +25,7 @@ from typing import Any
 import psycopg
 import redis
 
-from benchmarks import dramatiq_raw, lanes
+from benchmarks import dramatiq_raw, idle, lanes
 from benchmarks.common import DATABASE_URL, REDIS_URL, Result, Scale, bench_schema, ms, percentile
 from benchmarks.peers import procrastinate_app
 from benchmarks.peers.pgqueuer_runs import latency_result
@@ -59,13 +61,17 @@ async def install(schema: str) -> None:
         )
 
 
-def _start_workers(r: Rig, schema: str) -> None:
+def _start_workers(r: Rig, schema: str) -> list[int]:
+    """``WORKERS`` worker processes, each ready and listening: their pids."""
     argv = [sys.executable, "-m", procrastinate_app.__name__, schema]
+    pids = []
     for _ in range(WORKERS):
         proc = OutboxProcess(argv, r.env(), cwd=REPO)
         r.stack.callback(proc.close)
         proc.wait_for(READY, timeout=60)
+        pids.append(proc.pid)
     time.sleep(IDLE_SETTLE * 2)  # each registers and LISTENs a moment after it opened
+    return pids
 
 
 def _settings() -> dict[str, Any]:
@@ -93,6 +99,20 @@ def run_latency(scale: Scale) -> list[Result]:
             wait_until(lambda: client.hlen(STARTS_KEY) >= n, 60, "procrastinate jobs not started")
             starts = {int(k): float(v) for k, v in client.hgetall(STARTS_KEY).items()}
     return [latency_result("procrastinate-latency", committed, starts, _settings())]
+
+
+def run_idle(scale: Scale) -> list[Result]:
+    with bench_schema("procrastinate_idle") as schema, rig(schema) as r:
+        asyncio.run(install(schema))
+        pids = _start_workers(r, schema)
+        workers = {f"worker{i}": pid for i, pid in enumerate(pids)}
+        row = idle.watched("procrastinate-idle", idle.Watch.of(scale), _settings(), **workers)
+    # One figure for the processes, as the outbox's rows give one a process kind.
+    shares = [row.extra.pop(f"{name}_cpu_pct") for name in workers]
+    row.extra["workers_cpu_pct"] = (
+        None if None in shares else round(sum(s for s in shares if s is not None), 3)
+    )
+    return [row]
 
 
 async def _defer_lanes(schema: str, n: int, lane_count: int) -> int:
