@@ -132,19 +132,21 @@ def noop_request(key: str, lane: str | None = None, i: int = 0) -> Any:
 def bulk_enqueue(
     schema: str, n: int, *, lanes: int | None = None, database_url: str = DATABASE_URL
 ) -> None:
-    """``n`` admitted no-op actions through the real enqueue statement, in transactions of 1,000.
+    """``n`` admitted no-op actions through the real batch enqueue (``enqueue_many``), 1,000 a
+    call and a transaction, as the peers' drains enqueue their jobs (pgqueuer's in one call).
 
     ``lanes`` spreads them over that many lanes (default: one lane each, as independent
     notifications would be)."""
-    from outbox import enqueue
+    from outbox import enqueue_many
 
     with psycopg.connect(database_url) as conn:
-        for i in range(n):
-            lane = i if lanes is None else i % lanes
-            enqueue(conn, noop_request(f"noop-{i}", f"lane-{lane}", i), schema=schema)
-            if i % 1000 == 999:
-                conn.commit()
-        conn.commit()
+        for first in range(0, n, 1000):
+            requests = [
+                noop_request(f"noop-{i}", f"lane-{i if lanes is None else i % lanes}", i)
+                for i in range(first, min(n, first + 1000))
+            ]
+            enqueue_many(conn, requests, schema=schema)
+            conn.commit()
 
 
 def ended_count(conn: psycopg.Connection[Any], schema: str, *, ended: bool = True) -> int:
