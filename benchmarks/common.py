@@ -133,7 +133,7 @@ def bulk_enqueue(
     schema: str, n: int, *, lanes: int | None = None, database_url: str = DATABASE_URL
 ) -> None:
     """``n`` admitted no-op actions through the real batch enqueue (``enqueue_many``), 1,000 a
-    call and a transaction, as the peers' drains enqueue their jobs (pgqueuer's in one call).
+    call and a transaction, as pgqueuer's drain enqueues its jobs in one call.
 
     ``lanes`` spreads them over that many lanes (default: one lane each, as independent
     notifications would be)."""
