@@ -3,8 +3,8 @@ transaction and 1,000 a transaction, and of ``outbox.enqueue_many`` with 1,000 a
 transaction. Each is compared with the same client inserting rows of the same shape into a plain
 table (no triggers, no lane table, a unique key) the same way (one INSERT a row, or one
 multi-row INSERT a transaction), the two taking turns (``TURNS``): the ratio is what the
-outbox's bookkeeping costs on the application's write path. Then many clients at once
-(``enqueue_concurrent``).
+outbox's bookkeeping costs on the application's write path. Then the first write on a new
+connection (``enqueue_first``) and many clients at once (``enqueue_concurrent``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from benchmarks import enqueue_concurrent
+from benchmarks import enqueue_concurrent, enqueue_first
 from benchmarks.common import (
     DATABASE_URL,
     NOOP,
@@ -186,6 +186,7 @@ def run(scale: Scale) -> list[Result]:
 
         timed = _timed_in_turns(n, MANY, {"plain": plain_many, "outbox": outbox_many})
         results.append(_result("enqueue-many", n, MANY, timed["outbox"], timed["plain"]))
+        results.append(enqueue_first.run(scale, schema, insert_plain))
         results.append(enqueue_concurrent.run(scale, schema, insert_plain))
     return results
 

@@ -42,7 +42,7 @@ SIDES = ("plain", "plain-notify", "outbox", "outbox-quiet")
 Write = Callable[[psycopg.Connection[Any], str], None]
 
 
-def _writer(side: str, schema: str, insert_plain: str) -> Write:
+def writer(side: str, schema: str, insert_plain: str) -> Write:
     """``side``'s write."""
     from outbox import enqueue
 
@@ -68,7 +68,7 @@ def _client(args: tuple[str, str, str, str, float, float]) -> list[float]:
     """One process's turn: writes from ``start`` to ``end`` (wall clock), one a transaction;
     returns each transaction's seconds (its write and commit)."""
     side, schema, insert_plain, tag, start, end = args
-    write = _writer(side, schema, insert_plain)
+    write = writer(side, schema, insert_plain)
     latencies: list[float] = []
     # As an application would turn it off for its role or database (ALTER ROLE ... SET).
     options = "-c outbox.enqueue_notify=off" if side == "outbox-quiet" else ""

@@ -98,7 +98,10 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(
     rows, table = run_benchmarks(run_id, database_url, redis_url, "--only", name, amqp_url=amqp_url)
     assert rows, table
     if name == "enqueue":
-        assert [row["scenario"] for row in rows][-1] == "enqueue-concurrent", table
+        assert [row["scenario"] for row in rows][-2:] == [
+            "enqueue-first",
+            "enqueue-concurrent",
+        ], table
     for row in rows:
         assert row.keys() >= KEYS, row
         # A row is named after its scenario (the RabbitMQ rows after what they repeat).
@@ -137,6 +140,10 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(
             functions = row["server_functions"]
             assert functions["agent_action_inserted"]["calls"] == 1.0, functions
             assert functions["agent_action_lanes_moved"]["calls"] > 0, functions
+        if row["scenario"] == "enqueue-first":
+            # Each side's first and second write on a new connection, and the connections.
+            assert row["ceiling_p50_ms"] > 0 and row["ceiling_second_p50_ms"] > 0, row
+            assert row["second_p50_ms"] > 0 and row["connect_p50_ms"] > 0, row
         if row["scenario"] == "enqueue-concurrent":
             # Many client processes at once, against plain inserts with and without a NOTIFY.
             assert row["clients"] > 1 and row["n"] > row["clients"], row
