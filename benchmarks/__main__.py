@@ -54,6 +54,8 @@ SCENARIOS: dict[str, str] = {
     "cold-start": "benchmarks.cold_start",
     # A large backlog left by an outage, then a claimer and a pool: does what waits slow them?
     "backlog": "benchmarks.backlog",
+    # Another session holds a snapshot open while batches drain: what the dead rows cost.
+    "horizon": "benchmarks.horizon",
     # PostgreSQL restarted under a steady load: how long until what it caught has ended.
     "db-restart": "benchmarks.db_restart",
     # The Redis broker restarted, without persistence, under a backlog: its cost over the drain.

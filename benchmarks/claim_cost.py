@@ -165,30 +165,38 @@ class Case:
 
     def buffers(self) -> int:
         """The buffers one ``claim_heads`` plan touched."""
-        with self.conn.transaction(force_rollback=True):
-            row = self.conn.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
-                + queries_for(self.schema)["claim_heads"],
-                {
-                    "kind": NOOP.name,
-                    "limit": BATCH,
-                    "lease": LEASE,
-                    "take": False,
-                    "claimer": None,
-                    # The statement of a claim: it reclaims and walks the limit keys itself.
-                    "reclaim": True,
-                    "heads": True,
-                    "keys": None,
-                    "after": "",
-                    "walk": FAIR_KEYS_PER_CLAIM,
-                    "per_key": None,
-                    "key_cap": self.key_cap,
-                },
-            ).fetchone()
-        assert row is not None
-        plan = row[0]
-        top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
-        return int(top["Shared Hit Blocks"] + top["Shared Read Blocks"])
+        return explain_claim_heads(self.conn, self.schema, self.key_cap)[0]
+
+
+def explain_claim_heads(
+    conn: psycopg.Connection[Any], schema: str, key_cap: int | None = None
+) -> tuple[int, float]:
+    """The buffers one ``claim_heads`` plan of a batch of the no-op kind touched on ``schema``
+    (its reclaims and limit-key walk included), and its execution's ms, rolled back."""
+    with conn.transaction(force_rollback=True):
+        row = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries_for(schema)["claim_heads"],
+            {
+                "kind": NOOP.name,
+                "limit": BATCH,
+                "lease": LEASE,
+                "take": False,
+                "claimer": None,
+                # The statement of a claim: it reclaims and walks the limit keys itself.
+                "reclaim": True,
+                "heads": True,
+                "keys": None,
+                "after": "",
+                "walk": FAIR_KEYS_PER_CLAIM,
+                "per_key": None,
+                "key_cap": key_cap,
+            },
+        ).fetchone()
+    assert row is not None
+    plan = row[0]
+    explained = (plan if isinstance(plan, list) else json.loads(plan))[0]
+    top = explained["Plan"]
+    return int(top["Shared Hit Blocks"] + top["Shared Read Blocks"]), explained["Execution Time"]
 
 
 CASES = (

@@ -130,20 +130,27 @@ def noop_request(key: str, lane: str | None = None, i: int = 0) -> Any:
 
 
 def bulk_enqueue(
-    schema: str, n: int, *, lanes: int | None = None, database_url: str = DATABASE_URL
+    schema: str,
+    n: int,
+    *,
+    lanes: int | None = None,
+    start: int = 0,
+    database_url: str = DATABASE_URL,
 ) -> None:
     """``n`` admitted no-op actions through the real batch enqueue (``enqueue_many``), 1,000 a
     call and a transaction, as pgqueuer's drain enqueues its jobs in one call.
 
     ``lanes`` spreads them over that many lanes (default: one lane each, as independent
-    notifications would be)."""
+    notifications would be); ``start`` numbers the first (keys and lanes), so that later calls
+    on the same schema add new actions."""
     from outbox import enqueue_many
 
+    end = start + n
     with psycopg.connect(database_url) as conn:
-        for first in range(0, n, 1000):
+        for first in range(start, end, 1000):
             requests = [
                 noop_request(f"noop-{i}", f"lane-{i if lanes is None else i % lanes}", i)
-                for i in range(first, min(n, first + 1000))
+                for i in range(first, min(end, first + 1000))
             ]
             enqueue_many(conn, requests, schema=schema)
             conn.commit()

@@ -144,6 +144,11 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(
             # Each side's first and second write on a new connection, and the connections.
             assert row["ceiling_p50_ms"] > 0 and row["ceiling_second_p50_ms"] > 0, row
             assert row["second_p50_ms"] > 0 and row["connect_p50_ms"] > 0, row
+        if row["scenario"] == "horizon":
+            # Both sides drained every batch, the held side with its snapshot open throughout.
+            assert len(row["held_per_s"]) == len(row["free_per_s"]) == row["batches"], row
+            assert row["held_s"] > 0 and row["held_claim_buffers"] > 0, row
+            assert row["free_claim_buffers"] > 0 and row["released_per_s"] > 0, row
         if row["scenario"] == "enqueue-concurrent":
             # Many client processes at once, against plain inserts with and without a NOTIFY.
             assert row["clients"] > 1 and row["n"] > row["clients"], row
