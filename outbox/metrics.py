@@ -206,6 +206,15 @@ BLOCKED_LANES = Gauge(
 )
 
 
+VACUUM_HORIZON_HELD = Gauge(
+    "outbox_vacuum_horizon_held_seconds",
+    "How long the longest open transaction or prepared transaction of the database has held "
+    "vacuum back (0: none open); while it is held, every claim steps over the dead rows left "
+    "since, and claims slow down",
+    multiprocess_mode="livemostrecent",
+)
+
+
 WAITING = Gauge(
     "outbox_actions_waiting",
     "Admitted actions not yet due (scheduled by not_before, backing off, deferred), by kind",
@@ -241,6 +250,11 @@ def set_limit_gauges(view: LimitsView) -> None:
         if not bucket["limit_key"]:  # the kind's own bucket (a key's would explode the labels)
             RATE_NEXT_SLOT.labels(kind=bucket["kind"]).set(bucket["next_slot_in"])
             RATE_HELD.labels(kind=bucket["kind"]).set(bucket["held_for"])
+
+
+def set_vacuum_horizon_gauge(holders: list[dict[str, Any]]) -> None:
+    """The longest hold of ``holders`` (``outbox.vacuum_horizon``; 0 when there is none)."""
+    VACUUM_HORIZON_HELD.set(max((holder["held_s"] for holder in holders), default=0.0))
 
 
 def set_backlog_gauges(backlog: Backlog) -> None:

@@ -23,6 +23,7 @@ from outbox.operator.reading import record_operation
 from outbox.operator.records import AttemptRecord
 from outbox.queries import queries_for
 from outbox.state import ActionState
+from outbox.vacuum_horizon import HELD_TOO_LONG, describe_holder, horizon_holders_operation
 
 #: How many of the latest UNCERTAIN and FAILED actions ``status`` lists.
 LATEST = 10
@@ -44,6 +45,9 @@ class StatusReport:
     #: The roles and databases whose enqueues send no NOTIFY (``outbox.enqueue_notify`` off:
     #: role and database, None for every one), whose actions claimers find at their poll.
     enqueue_notify_off: list[dict[str, Any]] = field(default_factory=list)
+    #: What has held the database's vacuum horizon back for over ``HELD_TOO_LONG`` (sessions
+    #: and prepared transactions, the longest first): claims slow down until they end.
+    vacuum_horizon: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,6 +75,7 @@ def status_operation(
         paused=[p.as_dict() for p in (yield from paused_kinds_operation(schema))],
         processes=[p.as_dict() for p in (yield from live_processes_operation(schema, live_within))],
         enqueue_notify_off=(yield from enqueue_notify_off_operation(schema)),
+        vacuum_horizon=(yield from horizon_holders_operation(schema)),
     )
 
 
@@ -279,6 +284,16 @@ def render_status(report: StatusReport) -> str:
         describe_enqueue_notify_off(report.enqueue_notify_off)
         or "enqueue NOTIFY: on (claimers wake at each enqueue's commit)"
     )
+    if report.vacuum_horizon:
+        lines.append(
+            "vacuum horizon held back (vacuum removes no dead rows and claims slow down until "
+            "these end; docs/operations.md, A long transaction elsewhere):"
+        )
+        lines.extend(f"  {describe_holder(holder)}" for holder in report.vacuum_horizon)
+    else:
+        lines.append(
+            f"vacuum horizon: nothing seen holding it for over {HELD_TOO_LONG.total_seconds():.0f}s"
+        )
     lines.append("live processes:" if report.processes else "live processes: none")
     for p in report.processes:
         lines.append(

@@ -1,25 +1,29 @@
-"""Backlog gauges: read from the database (three short statements) and set, so every process
+"""Backlog gauges: read from the database (four short statements) and set, so every process
 that serves metrics shows the numbers the database holds, however many claimers run."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from outbox.backlog import Backlog, backlog_operation
 from outbox.limits_view import limits_view_operation
 from outbox.maintenance.service import MaintenanceService
-from outbox.metrics import set_backlog_gauges, set_limit_gauges
+from outbox.metrics import set_backlog_gauges, set_limit_gauges, set_vacuum_horizon_gauge
+from outbox.vacuum_horizon import horizon_holders_operation
 
 if TYPE_CHECKING:
     from outbox.store import Store
 
 
 async def refresh_backlog_gauges(store: Store) -> Backlog:
-    """Reads the backlog and the waits the limits cause, and sets the gauges; returns the
-    backlog."""
+    """Reads the backlog, the waits the limits cause and the longest hold on the vacuum
+    horizon, and sets the gauges; returns the backlog."""
     backlog = await store.run(backlog_operation(store.schema))
     set_backlog_gauges(backlog)
     set_limit_gauges(await store.run(limits_view_operation(store.schema, {})))
+    holders = horizon_holders_operation(store.schema, older_than=timedelta(0), limit=1)
+    set_vacuum_horizon_gauge(await store.run(holders))
     return backlog
 
 

@@ -1298,6 +1298,30 @@ SELECT kind, paused_by, paused_at, note FROM {schema}.agent_action_kind_pause
 -- Operator: resume a paused kind.
 DELETE FROM {schema}.agent_action_kind_pause WHERE kind = %(kind)s RETURNING kind
 
+-- name: vacuum_horizon_holders
+-- What has held this database's vacuum horizon back for more than `older_than` seconds, the
+-- longest first: sessions of this database (not this one) with an open snapshot or transaction
+-- id, for as long as their transaction has been open, and prepared transactions, for as long
+-- as they have been prepared. Until they end, vacuum removes none of the dead rows every action
+-- leaves, and each claim steps over all of them. A superuser or a member of pg_read_all_stats
+-- (pg_monitor) sees every role's sessions; any other role, only its own. A replica's feedback
+-- and replication slots hold it too but carry no time: docs/operations.md shows how to read them.
+SELECT h.holder, h.pid, h.role, h.name, h.state, h.held_s
+  FROM (SELECT 'session' AS holder, a.pid, a.usename::text AS role,
+               a.application_name AS name, a.state,
+               extract(epoch FROM now() - a.xact_start)::float8 AS held_s
+          FROM pg_catalog.pg_stat_activity a
+         WHERE a.datname = current_database() AND a.pid <> pg_catalog.pg_backend_pid()
+           AND (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+        UNION ALL
+        SELECT 'prepared transaction', NULL, p.owner::text, p.gid, 'prepared',
+               extract(epoch FROM now() - p.prepared)::float8
+          FROM pg_catalog.pg_prepared_xacts p
+         WHERE p.database = current_database()) h
+ WHERE h.held_s > %(older_than)s
+ ORDER BY h.held_s DESC
+ LIMIT %(limit)s
+
 -- name: enqueue_notify_off
 -- Where outbox.enqueue_notify is off by default for this database (ALTER ROLE or ALTER DATABASE
 -- ... SET): each role (NULL: every role) and database (NULL: every database) that sets it, as
