@@ -260,6 +260,28 @@ def test_lane_check_catches_overlap_and_ends_a_killed_attempt_at_its_kill() -> N
     assert checks.no_lane_overlap(refused).ok
 
 
+def test_lane_check_excuses_an_overlap_only_where_the_holders_loop_stalled_across_its_cut() -> None:
+    holder = attempt(1, 0, 5, deadline=at(1.5))  # cut due at 1.5, stopped at 5
+    after = attempt(2, 2, 3)
+
+    def stall(resumed: float, lag: float, pid: int = 101) -> dict[str, Any]:
+        return {"id": 1, "pid": pid, "resumed_at": at(resumed), "lag": lag}
+
+    across = checks.no_lane_overlap(evidence(attempts=[holder, after], stalls=[stall(4.9, 3.6)]))
+    assert across.ok and len(across.excused) == 1, across
+    for stalls in (
+        [stall(4.9, 3.6, pid=999)],  # another process stalled
+        [stall(1.6, 1.0)],  # its loop ran again before the next attempt began
+        [stall(4.9, 2.0)],  # the stall began after the cut was due
+        [],
+    ):
+        found = checks.no_lane_overlap(evidence(attempts=[holder, after], stalls=stalls))
+        assert not found.ok and not found.excused, stalls
+    # Without a recorded deadline nothing says when its cut was due.
+    bare = attempt(1, 0, 5)
+    assert not checks.no_lane_overlap(evidence(attempts=[bare, after], stalls=[stall(4.9, 4.9)])).ok
+
+
 def test_lane_order_check_catches_a_later_action_running_first() -> None:
     assert not checks.lanes_in_id_order(evidence(attempts=[attempt(2, 0, 1), attempt(1, 2, 3)])).ok
 

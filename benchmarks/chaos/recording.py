@@ -14,6 +14,10 @@ writes is what makes the checks sound:
   a database restart broke, or behind the other processes on the cores), and a stop stamped
   then stretched the interval past the next attempt's start. Every process of the soak and its
   PostgreSQL run on one machine, so the two clocks are one.
+
+Each process also records when its event loop ran a timer late (``stall``): a lease's cut is a
+loop timer, so a loop the machine starved cuts its attempt as late, and the checks may find an
+attempt that stopped after its lease's end.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from outbox import ActionAttempt, Result
 
+#: How often each process's loop is sampled, and how late a sample must be to count as a stall.
+STALL_SAMPLE = 0.05
+STALL = 0.1
+
 
 class Recorder:
     """One per process; opens its pool on first use, on the loop that uses it."""
@@ -37,10 +45,13 @@ class Recorder:
     def __init__(self, database_url: str, watch_schema: str) -> None:
         self.database_url = database_url
         self.t = f'"{watch_schema}".attempt'
+        self.stalls = f'"{watch_schema}".stall'
         self._pool: AsyncConnectionPool | None = None
         self._pid = 0
         # Guards opening the pool only (concurrent first attempts of one process).
         self._lock = asyncio.Lock()
+        self._watched: tuple[asyncio.AbstractEventLoop, int] | None = None
+        self._watching: set[asyncio.Task[None]] = set()
 
     async def _execute(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         async with self._lock:
@@ -59,6 +70,34 @@ class Recorder:
         async with self._pool.connection() as conn:
             cur = await conn.execute(query, params)
             return await cur.fetchall() if cur.description else []
+
+    def watch_loop(self) -> None:
+        """Starts sampling the running loop's lateness, once a loop (the first attempt on it)."""
+        loop = asyncio.get_running_loop()
+        if self._watched == (loop, os.getpid()):
+            return
+        self._watched = (loop, os.getpid())
+        task = loop.create_task(self._sample_stalls(loop))
+        self._watching.add(task)
+        task.add_done_callback(self._watching.discard)
+
+    async def _sample_stalls(self, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            due = loop.time() + STALL_SAMPLE
+            await asyncio.sleep(STALL_SAMPLE)
+            lag = loop.time() - due
+            if lag > STALL:
+                # Written beside the sampling, not awaited: the write may wait as long again.
+                write = loop.create_task(self._stall(datetime.now(UTC), lag))
+                self._watching.add(write)
+                write.add_done_callback(self._watching.discard)
+
+    async def _stall(self, resumed_at: datetime, lag: float) -> None:
+        with suppress(psycopg.Error, OSError):
+            await self._execute(
+                f"INSERT INTO {self.stalls} (pid, resumed_at, lag) VALUES (%s, %s, %s)",
+                (os.getpid(), resumed_at, lag),
+            )
 
     async def start(self, attempt: ActionAttempt) -> int:
         rows = await self._execute(
@@ -117,7 +156,10 @@ class RecordedFence:
     async def begin_write(self, provider_ref: str | None = None) -> bool:
         await self._recorder.fence_asked(self._row)
         passed = await self._attempt.fence().begin_write(provider_ref)
-        await self._recorder.fence_answered(self._row, passed)
+        # Shielded: a lease's cut that lands in this write stops the adapter at once, not after
+        # psycopg cancelled the statement on the server (a round trip, more when it is down),
+        # which would stamp the attempt's stop later than the adapter stopped.
+        await asyncio.shield(self._recorder.fence_answered(self._row, passed))
         if passed and self._linger > 0:
             await asyncio.sleep(self._linger)
         return passed
@@ -151,6 +193,7 @@ async def run_recorded(
     row (the stop also when the executor cancels the attempt at its deadline). ``linger_after``
     pauses after the adapter returned, before the executor writes its result: a window for
     kills between a provider's answer and the finish."""
+    recorder.watch_loop()
     row = await recorder.start(attempt)
     outcome = "raised"
     try:

@@ -94,6 +94,8 @@ def render(checks: list[Check], rows: list[tuple[str, Any]], seconds: float) -> 
     lines = [f"{'check':<{width}} {'examined':>9}  result", "-" * (width + 20)]
     for c in checks:
         verdict = "ok" if c.ok else f"FAILED ({len(c.violations)})"
+        if c.excused:
+            verdict += f", {len(c.excused)} excused"
         lines.append(f"{c.name:<{width}} {c.examined:>9}  {verdict}")
     lines.append("")
     label = max(len(k) for k, _ in rows) + 2
@@ -103,4 +105,6 @@ def render(checks: list[Check], rows: list[tuple[str, Any]], seconds: float) -> 
     for c in checks:
         for v in c.violations[:10]:
             lines.append(f"! {c.name}: {v}")
+        for v in c.excused[:10]:
+            lines.append(f"~ {c.name}: {v}")
     return "\n".join(lines)

@@ -95,6 +95,14 @@ CREATE TABLE IF NOT EXISTS {watch}.attempt (
     -- cancels it there), which bounds it when its stop could not be written (database down)
     deadline timestamptz);
 CREATE INDEX IF NOT EXISTS ix_attempt_action ON {watch}.attempt (action_id, epoch);
+-- Every time a worker's event loop ran a timer more than a tenth of a second late (the process
+-- starved of CPU): a lease's cut is a loop timer too, so it came as late. `resumed_at` is when
+-- the loop ran it (the process's clock), `lag` how late.
+CREATE TABLE IF NOT EXISTS {watch}.stall (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    pid integer NOT NULL,
+    resumed_at timestamptz NOT NULL,
+    lag double precision NOT NULL);
 -- Every claimer or worker process that ended: SIGKILL by the harness, or a clean stop at the
 -- end. `before`/`after` bracket the signal by the database clock.
 CREATE TABLE IF NOT EXISTS {watch}.process_end (
