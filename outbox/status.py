@@ -16,6 +16,7 @@ from typing import Any
 from outbox._io import Operation, Statement, psycopg_connection, run_sync
 from outbox.action import Action
 from outbox.backlog import backlog_operation
+from outbox.durations import say_duration
 from outbox.enqueuing import default_schema
 from outbox.operator.pausing import paused_kinds_operation
 from outbox.operator.processes import LIVE_INTERVALS, live_processes_operation
@@ -292,7 +293,8 @@ def render_status(report: StatusReport) -> str:
         lines.extend(f"  {describe_holder(holder)}" for holder in report.vacuum_horizon)
     else:
         lines.append(
-            f"vacuum horizon: nothing seen holding it for over {HELD_TOO_LONG.total_seconds():.0f}s"
+            "vacuum horizon: nothing seen holding it for over "
+            f"{say_duration(HELD_TOO_LONG.total_seconds())}"
         )
     lines.append("live processes:" if report.processes else "live processes: none")
     for p in report.processes:

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from outbox._io import Operation, Statement
+from outbox.durations import say_duration
 from outbox.queries import queries_for
 
 #: How long a hold ``outbox status`` lets pass before it lists the holder: a busy outbox runs
@@ -35,20 +36,14 @@ def horizon_holders_operation(
     return [dict(row) for row in rows]
 
 
-def _held_for(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
-
-
 def describe_holder(holder: dict[str, Any]) -> str:
     """One holder in words: what it is, whose, and for how long."""
     if holder["holder"] == "session":
         what = f"session pid {holder['pid']} (role {holder['role']}"
         what += f", {holder['name']!r}" if holder["name"] else ""
         what += f", {holder['state']})" if holder["state"] else ")"
-        return f"{what} open for {_held_for(holder['held_s'])}"
+        return f"{what} open for {say_duration(holder['held_s'])}"
     return (
         f"prepared transaction {holder['name']!r} (role {holder['role']}) prepared "
-        f"{_held_for(holder['held_s'])} ago"
+        f"{say_duration(holder['held_s'])} ago"
     )

@@ -11,6 +11,7 @@ from typing import Any
 from psycopg import Connection
 from psycopg.rows import dict_row
 
+from outbox.durations import say_duration
 from outbox.queries import queries_for
 from outbox.state import ActionState
 
@@ -153,11 +154,11 @@ def _why_blocked(lane: dict[str, Any]) -> str:
         wrote = ", write started" if lane["holder_write_started_at"] else ""
         return (
             f"held by #{lane['holder_id']} (executing attempt {lane['holder_attempt']}{wrote}; "
-            f"lease {'ends in ' + _duration(left) if left > 0 else 'ran out, reclaim due'})"
+            f"lease {'ends in ' + say_duration(left) if left > 0 else 'ran out, reclaim due'})"
         )
     if lane["busy_until"] is not None and lane["busy_until"] > now:
         left = (lane["busy_until"] - now).total_seconds()
-        return f"held by an erased action's write for {_duration(left)} more (its lease)"
+        return f"held by an erased action's write for {say_duration(left)} more (its lease)"
     if lane["head_kind_paused_by"] is not None:
         return f"its head's kind {lane['head_kind']} is paused (by {lane['head_kind_paused_by']})"
     if lane["head_state"] == "PROPOSED":
@@ -165,18 +166,9 @@ def _why_blocked(lane: dict[str, Any]) -> str:
     left = (lane["head_available_at"] - now).total_seconds()
     reason = lane["head_retry_reason"] or "-"
     return (
-        f"head #{lane['head_id']} waits for its retry in {_duration(left)} "
+        f"head #{lane['head_id']} waits for its retry in {say_duration(left)} "
         f"(attempt {lane['head_attempt']} of {lane['head_max_attempts']}, last reason {reason})"
     )
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m {seconds % 60}s"
-    return f"{seconds // 3600}h {seconds % 3600 // 60}m"
 
 
 def uncertain_page(
