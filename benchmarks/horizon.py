@@ -23,6 +23,8 @@ go (``released_per_s``).
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import psycopg
 
@@ -57,11 +59,11 @@ class Side:
 
     def run(self, batches: int, per_batch: int) -> None:
         name = "horizon_held" if self.held else "horizon_free"
-        with bench_schema(name) as schema, psycopg.connect(DATABASE_URL) as holder:
+        with bench_schema(name) as schema, _holder(self.held) as holder:
             outbox = migrated_outbox(schema)
             outbox.register(NOOP, NoopAdapter())
             started = time.perf_counter()
-            if self.held:
+            if holder is not None:
                 holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
                 holder.execute("SELECT 1")  # the snapshot is taken at the first read
             for index in range(batches):
@@ -75,11 +77,17 @@ class Side:
                 conn.execute(f'SELECT "{schema}".agent_action_lane_intake(%s)', (per_batch,))
                 conn.commit()
                 self.claim_buffers, self.claim_ms = explain_claim_heads(conn, schema)
-            self.held_s = time.perf_counter() - started if self.held else 0.0
-            holder.rollback()
+            if holder is not None:
+                self.held_s = time.perf_counter() - started
+                holder.rollback()
             # That batch drained once nothing is held any more: how soon the held side recovers.
             seconds, _ = _drain(outbox, per_batch)
             self.after_rate = per_batch / seconds
+
+
+def _holder(held: bool) -> AbstractContextManager[psycopg.Connection[Any] | None]:
+    """The connection that holds the snapshot (the held side's only)."""
+    return psycopg.connect(DATABASE_URL) if held else nullcontext()
 
 
 def _drain(outbox: Outbox, n: int) -> tuple[float, list[float]]:
