@@ -225,3 +225,54 @@ def test_a_claim_updates_each_head_through_the_tuple_its_lock_found(
     tid_scans = [n for u in updates for n in _nodes(u, "Tid Scan")]
     assert sum(n["Actual Loops"] for n in tid_scans) == 100, json.dumps(updates, indent=1)
     assert not [n for u in updates for n in _nodes(u, "Index Scan") if n["Actual Loops"] > 0]
+
+
+def test_a_claim_reads_a_keys_dead_lane_entries_once_in_its_walk_while_the_horizon_is_held(
+    make_outbox, database_url, schema
+):
+    """While another session holds a snapshot, no scan can mark the lane index's dead entries
+    dead, and each scan that reaches a key steps over them all. A kind with one limit key: its
+    walk reaches the key once (its probes after the wrap stop short of the first key), and the
+    heads' scan once more; no third time. Counted as the index entries the claim's scans read."""
+    outbox_on(make_outbox)
+    dead = 2_000
+    with (
+        psycopg.connect(database_url) as conn,
+        psycopg.connect(database_url) as holder,
+    ):
+        fill(conn, schema, hot_lane=0, single_lanes=dead)
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1")  # its snapshot now holds the horizon
+        # Every lane busy: each row's entry in the ready index points at a dead version now.
+        conn.execute(f'UPDATE "{schema}".agent_action_lane SET executing_id = head_id')
+        conn.execute(
+            f'INSERT INTO "{schema}".agent_action (kind, workspace_id, lane_key,'
+            " idempotency_key, payload) VALUES ('NOTE', 'w', 'late', 'late', '{}')"
+        )
+        conn.execute(f'SELECT "{schema}".agent_action_lane_intake(10)')
+        conn.commit()
+        with conn.transaction(force_rollback=True):
+            claimed = conn.execute(
+                queries_for(schema)["claim_heads"],
+                {
+                    "kind": "NOTE",
+                    "limit": 100,
+                    "lease": timedelta(minutes=5),
+                    "take": False,
+                    "claimer": None,
+                    "reclaim": True,
+                    "heads": True,
+                    "keys": None,  # the claimer's claim: it walks the keys
+                    "after": "w",  # the round robin's cursor after a claim of the one key
+                    "walk": 32,
+                    "per_key": None,
+                    "key_cap": None,
+                },
+            ).fetchall()
+            (read,) = conn.execute(
+                "SELECT pg_stat_get_xact_tuples_returned(%s::regclass)",
+                (f'"{schema}".ix_agent_action_lane_ready',),
+            ).fetchone()
+        holder.rollback()
+    assert [row[0] for row in claimed if row[0] is not None] != []
+    assert dead <= read < 2.5 * dead, read

@@ -312,6 +312,39 @@ def test_a_claim_names_the_keys_it_walked_once_not_on_every_row(make_outbox, con
     assert all(row["walked"] is None for row in rows[1:])
 
 
+def cyclic_walk(keys: set[str], after: str, walk: int) -> list[str]:
+    """The keys a claim should walk: each once, in order from the first after ``after``,
+    wrapping around, at most ``walk``."""
+    ordered = sorted(keys)
+    start = next((i for i, k in enumerate(ordered) if k > after), 0)
+    return (ordered[start:] + ordered[:start])[:walk]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    keys=st.sets(st.integers(0, 40).map(lambda n: f"k{n:02d}"), min_size=1, max_size=12),
+    scheduled=st.sets(st.integers(0, 40).map(lambda n: f"k{n:02d}")),
+    after=st.integers(-1, 41).map(lambda n: "" if n < 0 else f"k{n:02d}"),
+    limit=st.integers(1, 14),
+)
+def test_the_walk_visits_each_waiting_key_once_in_cyclic_order_from_the_cursor(
+    make_outbox, database_url, schema, keys, scheduled, after, limit
+):
+    """Whatever the keys and the cursor: a key whose heads wait only for their time is walked
+    too, and the walk stops at the key it began with, never reading it twice."""
+    build(make_outbox)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    with psycopg.connect(database_url, autocommit=True) as c:
+        c.execute(f'TRUNCATE "{schema}".agent_action, "{schema}".agent_action_lane')
+        c.execute(f'TRUNCATE "{schema}".agent_action_lane_intake')
+        for key in sorted(keys):
+            when = {"not_before": later} if key in scheduled else {}
+            enqueue(c, req(f"lane-{key}", f"idem-{key}", key, **when), schema=schema)
+        ((_, _), (name, rows), *_) = rows_of_a_claim(c, schema, limit, cursor={NOTE.name: after})
+    assert name == "claim_heads"
+    assert rows[0]["walked"] == cyclic_walk(keys, after, min(limit, 32))
+
+
 def probe_now(conn, schema: str, limit: int) -> list[ClaimedAction]:
     """The claim of a kind a stalled claimer only probes (``reclaims_only``), committed."""
     from outbox._io import run_sync

@@ -163,7 +163,10 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
 -- The walk: the keys that have waiting lane heads of the kind, up to `walk` of them, in key
 -- order from the first after `after`, wrapping around once; one probe of
 -- ix_agent_action_lane_ready a key (a skip scan), however many heads a key has. A key whose
--- heads are all scheduled for later, busy or capped is still walked. It runs in this statement
+-- heads are all scheduled for later, busy or capped is still walked. The probes after the wrap
+-- stop short of the first key, never reading it again: a probe steps over every index entry of
+-- the key it finds that is not yet marked dead, and while a long transaction elsewhere holds
+-- the vacuum horizon none is (a lane row an action run), so a kind with one key walked it twice. It runs in this statement
 -- (not one of its own) so that a claim is one round trip; its first row carries the keys claimed
 -- over (`walked`, for the caller's round robin; NULL on the others: 32 keys on each of 100 rows
 -- were 3,200 strings to write and parse), and a claim that found nothing returns one row of
@@ -240,17 +243,25 @@ WITH RECURSIVE paused AS (
     SELECT x.k, w.first, w.n + 1
       FROM walk w
      CROSS JOIN LATERAL (
-           SELECT coalesce(
-               (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
-                 WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
-                   AND l.head_kind = %(kind)s AND l.head_limit_key > w.k
-                 ORDER BY l.head_limit_key LIMIT 1),
-               (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
-                 WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
-                   AND l.head_kind = %(kind)s
-                 ORDER BY l.head_limit_key LIMIT 1)) AS k
+           SELECT CASE WHEN w.k >= w.first
+                       -- Not wrapped yet: the next key, else the first key below the first.
+                       THEN coalesce(
+                           (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
+                             WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                               AND l.head_kind = %(kind)s AND l.head_limit_key > w.k
+                             ORDER BY l.head_limit_key LIMIT 1),
+                           (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
+                             WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                               AND l.head_kind = %(kind)s AND l.head_limit_key < w.first
+                             ORDER BY l.head_limit_key LIMIT 1))
+                       -- Wrapped: the next key short of the first.
+                       ELSE (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
+                              WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                                AND l.head_kind = %(kind)s AND l.head_limit_key > w.k
+                                AND l.head_limit_key < w.first
+                              ORDER BY l.head_limit_key LIMIT 1) END AS k
            OFFSET 0) x  -- not flattened: the filter and the output would each probe
-     WHERE w.n < %(walk)s AND x.k <> w.first
+     WHERE w.n < %(walk)s AND x.k IS NOT NULL
 ), walked AS (
     SELECT coalesce(%(keys)s::text[], (SELECT array_agg(w.k ORDER BY w.n) FROM walk w)) AS keys
 ), busy AS (
