@@ -227,13 +227,14 @@ def test_a_claim_updates_each_head_through_the_tuple_its_lock_found(
     assert not [n for u in updates for n in _nodes(u, "Index Scan") if n["Actual Loops"] > 0]
 
 
-def test_a_claim_reads_a_keys_dead_lane_entries_once_in_its_walk_while_the_horizon_is_held(
+def test_a_claim_reads_a_keys_dead_lane_entries_once_while_the_horizon_is_held(
     make_outbox, database_url, schema
 ):
     """While another session holds a snapshot, no scan can mark the lane index's dead entries
     dead, and each scan that reaches a key steps over them all. A kind with one limit key: its
     walk reaches the key once (its probes after the wrap stop short of the first key), and the
-    heads' scan once more; no third time. Counted as the index entries the claim's scans read."""
+    heads' scan starts at the first entry the walk found: the dead are read once. Counted as the
+    index entries the claim's scans read."""
     outbox_on(make_outbox)
     dead = 2_000
     with (
@@ -275,4 +276,4 @@ def test_a_claim_reads_a_keys_dead_lane_entries_once_in_its_walk_while_the_horiz
             ).fetchone()
         holder.rollback()
     assert [row[0] for row in claimed if row[0] is not None] != []
-    assert dead <= read < 2.5 * dead, read
+    assert dead <= read < 1.5 * dead, read

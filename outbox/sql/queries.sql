@@ -225,43 +225,56 @@ WITH RECURSIVE paused AS (
     SELECT CASE WHEN %(heads)s AND NOT (SELECT yes FROM paused)
                 THEN %(limit)s::int - count(*)::int ELSE 0 END AS n
       FROM reclaimed
-), walk(k, first, n) AS (
-    SELECT s.k, s.k, 1
-      FROM (SELECT coalesce(
-                (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
-                  WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
-                    AND l.head_kind = %(kind)s AND l.head_limit_key > %(after)s
-                  ORDER BY l.head_limit_key LIMIT 1),
-                (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
-                  WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
-                    AND l.head_kind = %(kind)s
-                  ORDER BY l.head_limit_key LIMIT 1)) AS k
-             OFFSET 0) s  -- as in the step below
-     WHERE s.k IS NOT NULL AND %(keys)s::text[] IS NULL AND %(heads)s
-       AND NOT (SELECT yes FROM paused)
+), walk(k, p, d, first, n) AS (
+    -- Each probe returns the key's first entry in the index (its priority and due time too):
+    -- every entry before it is of a row this statement's snapshot does not see, so the key's
+    -- heads below start there (candidates).
+    SELECT s.k, s.p, s.d, s.k, 1
+      FROM (SELECT y.k, y.p, y.d
+              FROM ((SELECT l.head_limit_key AS k, l.head_priority AS p, l.head_due_at AS d
+                       FROM {schema}.agent_action_lane l
+                      WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                        AND l.head_kind = %(kind)s AND l.head_limit_key > %(after)s
+                      ORDER BY l.head_limit_key, l.head_priority DESC, l.head_due_at LIMIT 1)
+                    UNION ALL
+                    (SELECT l.head_limit_key, l.head_priority, l.head_due_at
+                       FROM {schema}.agent_action_lane l
+                      WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                        AND l.head_kind = %(kind)s
+                      ORDER BY l.head_limit_key, l.head_priority DESC, l.head_due_at LIMIT 1)) y
+             LIMIT 1) s  -- the second probe runs only when the first found nothing
+     WHERE %(keys)s::text[] IS NULL AND %(heads)s AND NOT (SELECT yes FROM paused)
     UNION ALL
-    SELECT x.k, w.first, w.n + 1
+    SELECT x.k, x.p, x.d, w.first, w.n + 1
       FROM walk w
      CROSS JOIN LATERAL (
-           SELECT CASE WHEN w.k >= w.first
-                       -- Not wrapped yet: the next key, else the first key below the first.
-                       THEN coalesce(
-                           (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
-                             WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
-                               AND l.head_kind = %(kind)s AND l.head_limit_key > w.k
-                             ORDER BY l.head_limit_key LIMIT 1),
-                           (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
-                             WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
-                               AND l.head_kind = %(kind)s AND l.head_limit_key < w.first
-                             ORDER BY l.head_limit_key LIMIT 1))
-                       -- Wrapped: the next key short of the first.
-                       ELSE (SELECT l.head_limit_key FROM {schema}.agent_action_lane l
-                              WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
-                                AND l.head_kind = %(kind)s AND l.head_limit_key > w.k
-                                AND l.head_limit_key < w.first
-                              ORDER BY l.head_limit_key LIMIT 1) END AS k
-           OFFSET 0) x  -- not flattened: the filter and the output would each probe
-     WHERE w.n < %(walk)s AND x.k IS NOT NULL
+           SELECT y.k, y.p, y.d
+             FROM (-- Not wrapped yet: the next key.
+                   (SELECT l.head_limit_key AS k, l.head_priority AS p, l.head_due_at AS d
+                      FROM {schema}.agent_action_lane l
+                     WHERE w.k >= w.first
+                       AND l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                       AND l.head_kind = %(kind)s AND l.head_limit_key > w.k
+                     ORDER BY l.head_limit_key, l.head_priority DESC, l.head_due_at LIMIT 1)
+                   UNION ALL
+                   -- Else wrap: the first key below the first.
+                   (SELECT l.head_limit_key, l.head_priority, l.head_due_at
+                      FROM {schema}.agent_action_lane l
+                     WHERE w.k >= w.first
+                       AND l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                       AND l.head_kind = %(kind)s AND l.head_limit_key < w.first
+                     ORDER BY l.head_limit_key, l.head_priority DESC, l.head_due_at LIMIT 1)
+                   UNION ALL
+                   -- Wrapped: the next key short of the first.
+                   (SELECT l.head_limit_key, l.head_priority, l.head_due_at
+                      FROM {schema}.agent_action_lane l
+                     WHERE w.k < w.first
+                       AND l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                       AND l.head_kind = %(kind)s AND l.head_limit_key > w.k
+                       AND l.head_limit_key < w.first
+                     ORDER BY l.head_limit_key, l.head_priority DESC, l.head_due_at LIMIT 1)) y
+            LIMIT 1) x
+     WHERE w.n < %(walk)s
 ), walked AS (
     SELECT coalesce(%(keys)s::text[], (SELECT array_agg(w.k ORDER BY w.n) FROM walk w)) AS keys
 ), busy AS (
@@ -274,8 +287,9 @@ WITH RECURSIVE paused AS (
        AND coalesce(e.limit_key, e.workspace_id, '') = ANY (walked.keys)
      GROUP BY 1
 ), keys AS (
-    -- least() ignores the NULL of no cap.
-    SELECT u.k, u.ord, s.share,
+    -- least() ignores the NULL of no cap. A key the caller named (`keys`) was not walked: its
+    -- first entry (p, d) is NULL.
+    SELECT u.k, u.ord, s.share, w.p, w.d,
            least(s.share, %(key_cap)s::int - coalesce(busy.n, 0)) AS room
       FROM walked
      CROSS JOIN LATERAL unnest(walked.keys) WITH ORDINALITY AS u(k, ord)
@@ -284,11 +298,17 @@ WITH RECURSIVE paused AS (
                            ((SELECT n FROM room) + cardinality(walked.keys) - 1)
                                / cardinality(walked.keys)) AS share) s
       LEFT JOIN busy ON busy.k = u.k
+      LEFT JOIN walk w ON w.k = u.k
 ), candidates AS (
     -- Each key's lane rows are locked as the scan finds them, skipping those another
     -- transaction holds: a claim beside another (in process, rounds may claim at once) takes
     -- the lanes after the ones the other locked, not the same candidates only to skip them.
     -- A row is rechecked as it is locked: a lane claimed meanwhile is passed over.
+    -- A walked key's heads are read from its first entry the walk found on: those of its
+    -- priority from its due time on, then those of lower priorities. The entries before it are
+    -- of rows nobody runs any more, and while a long transaction elsewhere holds the vacuum
+    -- horizon no scan can mark them dead: a scan from the key's start stepped over them all
+    -- again (one lane row an action run).
     SELECT c.lane_key, c.head_id, c.head_priority, c.head_due_at, keys.ord, c.rn
       FROM keys
      CROSS JOIN LATERAL (
@@ -298,18 +318,40 @@ WITH RECURSIVE paused AS (
                   -- batch enqueue gives a thousand lanes the same due time.
                   row_number() OVER (ORDER BY x.head_priority DESC, x.head_due_at
                                      ROWS UNBOUNDED PRECEDING) AS rn
-             FROM (SELECT l.lane_key, l.head_id, l.head_priority, l.head_due_at
-                     FROM {schema}.agent_action_lane l
-                    WHERE l.executing_id IS NULL
-                      AND l.head_due_at IS NOT NULL
-                      AND l.head_due_at <= now()
-                      -- an erased write may still run
-                      AND (l.busy_until IS NULL OR l.busy_until <= now())
-                      AND l.head_kind = %(kind)s
-                      AND l.head_limit_key = keys.k
-                    ORDER BY l.head_priority DESC, l.head_due_at
-                    LIMIT greatest(keys.room, 0)
-                      FOR UPDATE OF l SKIP LOCKED) x) c
+             FROM (SELECT y.*
+                     -- Each branch's lock in a subquery of its own (a lock may not be a
+                     -- UNION's).
+                     FROM ((SELECT a.* FROM (
+                            SELECT l.lane_key, l.head_id, l.head_priority, l.head_due_at
+                              FROM {schema}.agent_action_lane l
+                             WHERE l.executing_id IS NULL
+                               AND l.head_due_at IS NOT NULL
+                               AND l.head_due_at <= now()
+                               -- an erased write may still run
+                               AND (l.busy_until IS NULL OR l.busy_until <= now())
+                               AND l.head_kind = %(kind)s
+                               AND l.head_limit_key = keys.k
+                               AND l.head_priority = keys.p  -- none when not walked
+                               AND l.head_due_at >= keys.d
+                             ORDER BY l.head_due_at
+                             LIMIT greatest(keys.room, 0)
+                               FOR UPDATE OF l SKIP LOCKED) a)
+                           UNION ALL
+                           (SELECT b.* FROM (
+                            SELECT l.lane_key, l.head_id, l.head_priority, l.head_due_at
+                              FROM {schema}.agent_action_lane l
+                             WHERE l.executing_id IS NULL
+                               AND l.head_due_at IS NOT NULL
+                               AND l.head_due_at <= now()
+                               AND (l.busy_until IS NULL OR l.busy_until <= now())
+                               AND l.head_kind = %(kind)s
+                               AND l.head_limit_key = keys.k
+                               -- every priority when not walked (they are -100 to 100)
+                               AND l.head_priority < coalesce(keys.p, 32767)
+                             ORDER BY l.head_priority DESC, l.head_due_at
+                             LIMIT greatest(keys.room, 0)
+                               FOR UPDATE OF l SKIP LOCKED) b)) y
+                    LIMIT greatest(keys.room, 0)) x) c
      ORDER BY c.rn, c.head_priority DESC, c.head_due_at, keys.ord
      LIMIT (SELECT n FROM room)
 ), ready AS (
