@@ -3,9 +3,11 @@ actions counted before they run, keyset paging, /healthz with the database down,
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import httpx
 import psycopg
@@ -362,3 +364,35 @@ def test_the_audit_names_who_did_what_from_the_console(ids, database_url, schema
         row = audit.split("<tbody>", 1)[1].split("</tr>", 1)[0]
         assert "alice" in row and "cancel" in row and f"#{ids['waiting']}" in row
         assert "alice" in client.get(f"/actions/{ids['waiting']}").text.split("Operator actions")[1]
+
+
+def test_the_overview_names_what_holds_the_vacuum_horizon_until_it_ends(
+    ids, database_url, schema, monkeypatch
+):
+    import outbox.status
+    from outbox.vacuum_horizon import horizon_holders_operation
+
+    # Holds over a fifth of a second count here, not only those over a minute.
+    monkeypatch.setattr(
+        outbox.status,
+        "horizon_holders_operation",
+        lambda schema: horizon_holders_operation(schema, timedelta(seconds=0.2), limit=50),
+    )
+    with (
+        psycopg.connect(database_url, application_name="nightly report") as holder,
+        running_console(database_url, schema) as c,
+        httpx.Client(base_url=c.url) as client,
+    ):
+        # Other sessions of the database (other tests) may be listed too: only this one counts.
+        named = f"session pid {holder.info.backend_pid} (role "
+        assert named not in client.get("/").text
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1")
+        time.sleep(0.5)
+        page = client.get("/").text
+        assert "Vacuum horizon held back" in page
+        listed = page.split('data-region="vacuum-horizon"', 1)[1].split("</section>", 1)[0]
+        assert named in listed
+        assert re.search(r"&#39;nightly report&#39;, idle in transaction\) open for \d+s", listed)
+        holder.rollback()
+        assert named not in client.get("/").text

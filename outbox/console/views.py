@@ -32,11 +32,13 @@ from outbox.console.auth import check_login
 from outbox.console.chart import outcomes_svg
 from outbox.console.health import health
 from outbox.console.queues import serve_queues
+from outbox.durations import say_duration
 from outbox.errors import ActionNotFound
 from outbox.operator import action_record, live_processes, paused_kinds, recent_audit
 from outbox.queries import queries_for
 from outbox.state import ActionState
 from outbox.status import status_operation
+from outbox.vacuum_horizon import HELD_TOO_LONG, describe_holder
 
 blueprint = Blueprint("views", __name__)
 
@@ -83,6 +85,8 @@ def overview() -> str:
         processes=processes,
         lanes=lanes,
         uncertain=uncertain,
+        horizon=[describe_holder(holder) for holder in report.vacuum_horizon],
+        held_too_long=say_duration(HELD_TOO_LONG.total_seconds()),
         schema=schema,
     )
 
