@@ -56,6 +56,7 @@ SCENARIOS: dict[str, str] = {
     "backlog": "benchmarks.backlog",
     # Another session holds a snapshot open while batches drain: what the dead rows cost.
     "horizon": "benchmarks.horizon",
+    "pgqueuer-horizon": "benchmarks.peers.pgqueuer_runs:run_horizon",
     # PostgreSQL restarted under a steady load: how long until what it caught has ended.
     "db-restart": "benchmarks.db_restart",
     # The Redis broker restarted, without persistence, under a backlog: its cost over the drain.

@@ -33,7 +33,7 @@ from tests.services import missing_service
 REPO = Path(__file__).resolve().parent.parent
 KEYS = {"scenario", "n", "actions_per_s", "p50_ms", "p99_ms", "ratio", "ratio_to"}
 #: Rows that measure throughput only (no latency of their own: p50/p99 are null).
-THROUGHPUT_ONLY = {"pgqueuer-inprocess"}
+THROUGHPUT_ONLY = {"pgqueuer-inprocess", "pgqueuer-horizon"}
 #: Rows that run the outbox's processes and report the CPU ms an action of each and in all.
 CPU_REPORTED = {
     "e2e",
@@ -144,11 +144,12 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(
             # Each side's first and second write on a new connection, and the connections.
             assert row["ceiling_p50_ms"] > 0 and row["ceiling_second_p50_ms"] > 0, row
             assert row["second_p50_ms"] > 0 and row["connect_p50_ms"] > 0, row
-        if row["scenario"] == "horizon":
+        if row["scenario"] in ("horizon", "pgqueuer-horizon"):
             # Both sides drained every batch, the held side with its snapshot open throughout.
             assert len(row["held_per_s"]) == len(row["free_per_s"]) == row["batches"], row
-            assert row["held_s"] > 0 and row["held_claim_buffers"] > 0, row
-            assert row["free_claim_buffers"] > 0 and row["released_per_s"] > 0, row
+            assert row["held_s"] > 0 and row["released_per_s"] > 0, row
+        if row["scenario"] == "horizon":
+            assert row["held_claim_buffers"] > 0 and row["free_claim_buffers"] > 0, row
         if row["scenario"] == "enqueue-concurrent":
             # Many client processes at once, against plain inserts with and without a NOTIFY.
             assert row["clients"] > 1 and row["n"] > row["clients"], row
@@ -238,6 +239,24 @@ def test_idle_processes_are_compared_with_each_idle_peer(database_url, redis_url
         expected = ours["total_cpu_pct"] / theirs["total_cpu_pct"]
         assert compared["ratio"] == pytest.approx(expected, abs=0.001), compared
         assert compared["peer_pg_xacts_per_s"] == theirs["pg_xacts_per_s"], compared
+    assert_nothing_left(run_id, database_url, redis_url)
+
+
+@pytest.mark.slow
+def test_the_held_horizon_drain_is_compared_with_pgqueuers(database_url, redis_url):
+    if why := peers.missing("pgqueuer-horizon"):
+        missing_service(why)
+    run_id = f"smoke_{uuid.uuid4().hex[:8]}"
+    rows, table = run_benchmarks(
+        run_id, database_url, redis_url, "--only", "horizon", "pgqueuer-horizon"
+    )
+    by_name = {row["scenario"]: row for row in rows}
+    assert list(by_name) == ["horizon", "pgqueuer-horizon", "horizon-vs-pgqueuer"], table
+    ours, theirs = by_name["horizon"], by_name["pgqueuer-horizon"]
+    assert ours["batches"] == theirs["batches"] and ours["per_batch"] == theirs["per_batch"]
+    compared = by_name["horizon-vs-pgqueuer"]
+    expected = ours["actions_per_s"] / theirs["actions_per_s"]
+    assert compared["ratio"] == pytest.approx(expected, abs=0.001), compared
     assert_nothing_left(run_id, database_url, redis_url)
 
 

@@ -18,6 +18,7 @@ PACKAGES = {
     "procrastinate-lanes": "procrastinate",
     "pgqueuer-idle": "pgqueuer",
     "procrastinate-idle": "procrastinate",
+    "pgqueuer-horizon": "pgqueuer",
 }
 
 

@@ -30,6 +30,7 @@ COMPARISONS = (
     Comparison("lanes-1000", "procrastinate-lanes-1000", "throughput"),
     Comparison("idle", "pgqueuer-idle", "idle"),
     Comparison("idle", "procrastinate-idle", "idle"),
+    Comparison("horizon", "pgqueuer-horizon", "throughput"),
 )
 
 

@@ -11,6 +11,10 @@
   measures the outbox's.
 - ``pgqueuer-idle``: that consumer process with nothing to do, watched as ``idle`` watches the
   outbox's processes.
+- ``pgqueuer-horizon``: ``horizon``'s batches, each enqueued in one call and drained as
+  ``pgqueuer-inprocess`` drains its jobs, with nothing held and then while another session
+  holds a snapshot open; the held side's late rate (``horizon.late_rate``), and it over the
+  free side's.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import redis
 import uvloop
 from pgqueuer.models import Job
 from pgqueuer.types import QueueExecutionMode
 
-from benchmarks import dramatiq_raw, idle, inprocess
+from benchmarks import dramatiq_raw, horizon, idle, inprocess
 from benchmarks.common import REDIS_URL, Result, Scale, bench_schema, ms, percentile
 from benchmarks.cpu import CpuMeter
 from benchmarks.peers import pgqueuer_app
@@ -36,6 +41,10 @@ from outbox.dispatch.processes import OutboxProcess
 #: pgqueuer's benchmark tool: concurrent dequeue tasks (its default), and the batch size.
 CONSUMERS = 5
 BATCH_SIZE = 100
+
+
+def _nothing() -> None:
+    pass
 
 
 async def _install(schema: str) -> None:
@@ -52,9 +61,25 @@ async def _drain(schema: str, n: int) -> tuple[float, int, dict[str, float | Non
     The clock leaves out the consumers' start (a structure check, LISTEN) and their drain exit
     (their last look for work), which pgqueuer's own tool counts."""
     await _install(schema)
+    await _enqueue(schema, n)
+    cpu = CpuMeter(client=os.getpid())
+    seconds, ran = await _consume(schema, on_start=cpu.start, on_end=cpu.stop)
+    return seconds, ran, cpu.per_action_ms(n)
+
+
+async def _enqueue(schema: str, n: int) -> None:
+    """``n`` no-op jobs in one call, as pgqueuer's benchmark tool enqueues them."""
     q, conn = await connect(schema)
     await q.enqueue([ENTRYPOINT] * n, [b""] * n, [0] * n)
     await conn.close()
+
+
+async def _consume(
+    schema: str, on_start: Callable[[], None] = _nothing, on_end: Callable[[], None] = _nothing
+) -> tuple[float, int]:
+    """``CONSUMERS`` consumers drain the queue: seconds from the first job's start to the last
+    job's end, and how many jobs ran. ``on_start`` and ``on_end`` run just before the consumers
+    start and just after the last has stopped (their connections still open)."""
     ran = 0
     first_start = last_end = 0.0
     connections = []
@@ -73,15 +98,14 @@ async def _drain(schema: str, n: int) -> tuple[float, int, dict[str, float | Non
             last_end = time.perf_counter()
 
         consumers.append(pgq)
-    cpu = CpuMeter(client=os.getpid())
-    cpu.start()
+    on_start()
     await asyncio.gather(
         *(pgq.run(batch_size=BATCH_SIZE, mode=QueueExecutionMode.drain) for pgq in consumers)
     )
-    cpu.stop()
+    on_end()
     for conn in connections:
         await conn.close()
-    return last_end - first_start, ran, cpu.per_action_ms(n)
+    return last_end - first_start, ran
 
 
 def drain(n: int) -> Result:
@@ -111,6 +135,58 @@ def drain(n: int) -> Result:
 
 def run_inprocess(scale: Scale) -> list[Result]:
     return [drain(inprocess.n_actions(scale))]
+
+
+async def _horizon_side(
+    held: bool, batches: int, per_batch: int
+) -> tuple[list[float], float, float]:
+    """One side of ``pgqueuer-horizon`` in a schema of its own: each batch's jobs a second, how
+    long the snapshot was held, and the rate of the batch drained after it was let go."""
+    name = "pgqueuer_horizon_held" if held else "pgqueuer_horizon_free"
+    with bench_schema(name) as schema, horizon.holder_connection(held) as holder:
+        await _install(schema)
+        started = time.perf_counter()
+        if holder is not None:
+            horizon.hold_snapshot(holder)
+        rates: list[float] = []
+        held_s = 0.0
+        for _ in range(batches + 1):
+            await _enqueue(schema, per_batch)
+            if len(rates) == batches and holder is not None:
+                held_s = time.perf_counter() - started
+                holder.rollback()  # the batch after the last drains with nothing held
+            seconds, ran = await _consume(schema)
+            if ran != per_batch:
+                raise AssertionError(f"pgqueuer-horizon: {ran} of {per_batch} jobs ran")
+            rates.append(per_batch / seconds)
+    return rates[:-1], held_s, rates[-1]
+
+
+def run_horizon(scale: Scale) -> list[Result]:
+    batches, per_batch = horizon.sizes(scale)
+    free, _, _ = uvloop.run(_horizon_side(False, batches, per_batch))
+    held, held_s, released = uvloop.run(_horizon_side(True, batches, per_batch))
+    return [
+        Result(
+            scenario="pgqueuer-horizon",
+            n=batches * per_batch,
+            actions_per_s=round(horizon.late_rate(held), 1),
+            p50_ms=None,
+            p99_ms=None,
+            ratio=round(horizon.late_rate(held) / horizon.late_rate(free), 3),
+            ratio_to="pgqueuer-horizon-free",
+            extra={
+                "batches": batches,
+                "per_batch": per_batch,
+                "consumers": CONSUMERS,
+                "batch_size": BATCH_SIZE,
+                "held_s": round(held_s, 1),
+                "held_per_s": [round(rate) for rate in held],
+                "free_per_s": [round(rate) for rate in free],
+                "released_per_s": round(released),
+            },
+        )
+    ]
 
 
 async def _enqueue_paced(schema: str, n: int) -> dict[int, float]:
