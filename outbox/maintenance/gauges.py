@@ -4,10 +4,11 @@ that serves metrics shows the numbers the database holds, however many claimers 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from outbox._io import Operation
 from outbox.backlog import Backlog, backlog_operation
-from outbox.limits_view import limits_view_operation
+from outbox.limits_view import LimitsView, limits_view_operation
 from outbox.maintenance.service import MaintenanceService
 from outbox.metrics import set_backlog_gauges, set_limit_gauges, set_vacuum_horizon_gauge
 from outbox.vacuum_horizon import horizon_holders_operation
@@ -16,14 +17,24 @@ if TYPE_CHECKING:
     from outbox.store import Store
 
 
+def gauge_reads_operation(
+    schema: str,
+) -> Operation[tuple[Backlog, LimitsView, list[dict[str, Any]]]]:
+    """The backlog, the waits the limits cause and the longest hold on the vacuum horizon: one
+    pooled connection for the three reads (each its own statement, autocommit)."""
+    backlog = yield from backlog_operation(schema)
+    waits = yield from limits_view_operation(schema, {})
+    holders = yield from horizon_holders_operation(schema, older_than=timedelta(0), limit=1)
+    return backlog, waits, holders
+
+
 async def refresh_backlog_gauges(store: Store) -> Backlog:
     """Reads the backlog, the waits the limits cause and the longest hold on the vacuum
     horizon, and sets the gauges; returns the backlog."""
-    backlog = await store.run(backlog_operation(store.schema))
+    backlog, waits, holders = await store.run(gauge_reads_operation(store.schema))
     set_backlog_gauges(backlog)
-    set_limit_gauges(await store.run(limits_view_operation(store.schema, {})))
-    holders = horizon_holders_operation(store.schema, older_than=timedelta(0), limit=1)
-    set_vacuum_horizon_gauge(await store.run(holders))
+    set_limit_gauges(waits)
+    set_vacuum_horizon_gauge(holders)
     return backlog
 
 
