@@ -215,6 +215,15 @@ VACUUM_HORIZON_HELD = Gauge(
 )
 
 
+EVENT_LOOP_LAG = Gauge(
+    "outbox_event_loop_lag_seconds",
+    "How late this process's event loop ran its timers at worst over the last 15 s, by role "
+    "(claimer, worker): an attempt is cut this late past its lease (outbox.loop_lag)",
+    ["role"],
+    multiprocess_mode="livemax",
+)
+
+
 WAITING = Gauge(
     "outbox_actions_waiting",
     "Admitted actions not yet due (scheduled by not_before, backing off, deferred), by kind",

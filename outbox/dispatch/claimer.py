@@ -42,6 +42,7 @@ from outbox.dispatch.restart_watch import RestartWatch
 from outbox.fence_token import FenceToken
 from outbox.health import ProcessHealth, process_health, start_health_server
 from outbox.limits import KindLimits
+from outbox.loop_lag import start_watching
 from outbox.maintenance import Maintenance
 from outbox.queries import queries_for
 from outbox.status import describe_enqueue_notify_off, enqueue_notify_off_operation
@@ -660,6 +661,7 @@ async def run_claimer_async(
         if settings.health_port
         else None
     )
+    lag = start_watching("claimer")
     try:
         # PostgreSQL and the broker are waited for (with backoff, each wait logged), and a
         # stop request ends either wait at once.
@@ -676,6 +678,7 @@ async def run_claimer_async(
             await claimer.run(stop)
             return claimer.totals
     finally:
+        lag.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         for serving in (server, health_server):

@@ -31,6 +31,7 @@ from outbox.connecting import wait_for_database
 from outbox.dispatch.heartbeat import Heartbeat
 from outbox.executor import ActionExecutor, Outcome
 from outbox.fence_token import FenceToken
+from outbox.loop_lag import start_watching
 from outbox.outage import OUTAGE, sent_again
 
 if TYPE_CHECKING:
@@ -166,6 +167,8 @@ class WorkerRuntime:
             store.taker = beat.process_id
             await beat.beat()
             self._heartbeat = asyncio.ensure_future(beat.run(self._stopping))
+            # How late this loop runs the attempts' cuts (outbox_event_loop_lag_seconds).
+            stack.callback(start_watching("worker").cancel)
             return
         raise RuntimeError("the worker runtime stopped before PostgreSQL answered")
 
