@@ -166,7 +166,7 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
 -- heads are all scheduled for later, busy or capped is still walked. The probes after the wrap
 -- stop short of the first key, never reading it again: a probe steps over every index entry of
 -- the key it finds that is not yet marked dead, and while a long transaction elsewhere holds
--- the vacuum horizon none is (a lane row an action run), so a kind with one key walked it twice. It runs in this statement
+-- the vacuum horizon none is (one lane row an action run). It runs in this statement
 -- (not one of its own) so that a claim is one round trip; its first row carries the keys claimed
 -- over (`walked`, for the caller's round robin; NULL on the others: 32 keys on each of 100 rows
 -- were 3,200 strings to write and parse), and a claim that found nothing returns one row of
@@ -304,11 +304,11 @@ WITH RECURSIVE paused AS (
     -- transaction holds: a claim beside another (in process, rounds may claim at once) takes
     -- the lanes after the ones the other locked, not the same candidates only to skip them.
     -- A row is rechecked as it is locked: a lane claimed meanwhile is passed over.
-    -- A walked key's heads are read from its first entry the walk found on: those of its
+    -- A walked key's heads are read from the first entry the walk found of it on: those of its
     -- priority from its due time on, then those of lower priorities. The entries before it are
-    -- of rows nobody runs any more, and while a long transaction elsewhere holds the vacuum
-    -- horizon no scan can mark them dead: a scan from the key's start stepped over them all
-    -- again (one lane row an action run).
+    -- of rows this statement does not see, and while a long transaction elsewhere holds the
+    -- vacuum horizon no scan can mark them dead: a scan from the key's start would step over
+    -- them all again (one lane row an action run).
     SELECT c.lane_key, c.head_id, c.head_priority, c.head_due_at, keys.ord, c.rn
       FROM keys
      CROSS JOIN LATERAL (
