@@ -21,23 +21,26 @@ def gauge(role: str) -> float:
 
 
 def test_a_loop_blocked_for_half_a_second_shows_in_the_gauge_and_the_log(caplog) -> None:
-    watcher = LoopLag("blocked-test", sample=0.05, window=5.0, stall=0.3)
+    watcher = LoopLag("blocked-test", sample=0.05, window=0.2, stall=0.3)
+    seen: list[tuple[float, float]] = []
 
     async def main() -> None:
         task = asyncio.get_running_loop().create_task(watcher.watch())
         await asyncio.sleep(0.2)
-        assert watcher.lag < 0.3
         time.sleep(0.5)  # the loop runs nothing meanwhile, its timers included
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.01)  # the sampler's overdue wake-up ran first
+        seen.append((watcher.lag, gauge("blocked-test")))
+        await asyncio.sleep(0.3)  # a window later: a stall counted meanwhile is logged
         task.cancel()
 
     with caplog.at_level(logging.WARNING, logger="outbox.loop"):
         asyncio.run(main())
-    assert 0.4 <= watcher.lag < 1.5, watcher.lag
-    assert gauge("blocked-test") == watcher.lag
-    (record,) = [r for r in caplog.records if getattr(r, "event", None) == "loop_stalled"]
-    assert record.role == "blocked-test" and record.lag_s >= 0.4
-    assert "the blocked-test's event loop ran 1 timer(s) over 0.3 s late" in record.getMessage()
+    ((lag, gauged),) = seen
+    assert 0.4 <= lag < 1.5 and gauged == lag, seen
+    stalled = [r for r in caplog.records if getattr(r, "event", None) == "loop_stalled"]
+    assert any(r.role == "blocked-test" and r.lag_s >= 0.4 for r in stalled), stalled
+    assert all("the blocked-test's event loop ran" in r.getMessage() for r in stalled)
+    assert all("over 0.3 s late" in r.getMessage() for r in stalled)
 
 
 @given(
@@ -109,7 +112,7 @@ def test_a_claimer_watches_its_loop_until_it_stops(make_outbox: Any, redis_url: 
         running = watching()
         stop.set()
         await asyncio.wait_for(claiming, 10)
-        await asyncio.sleep(0)  # the cancelled sampler ends
+        await asyncio.sleep(0.05)  # the cancelled sampler ends
         return running, watching()
 
     running, left = asyncio.run(main())
