@@ -13,6 +13,7 @@ import pytest
 
 from outbox import ActionKind
 from outbox.queries import queries_for
+from outbox.store import claim_heads_statement
 
 NOTE = ActionKind("NOTE")
 
@@ -253,23 +254,16 @@ def test_a_claim_reads_a_keys_dead_lane_entries_once_while_the_horizon_is_held(
         conn.execute(f'SELECT "{schema}".agent_action_lane_intake(10)')
         conn.commit()
         with conn.transaction(force_rollback=True):
-            claimed = conn.execute(
-                queries_for(schema)["claim_heads"],
-                {
-                    "kind": "NOTE",
-                    "limit": 100,
-                    "lease": timedelta(minutes=5),
-                    "take": False,
-                    "claimer": None,
-                    "reclaim": True,
-                    "heads": True,
-                    "keys": None,  # the claimer's claim: it walks the keys
-                    "after": "w",  # the round robin's cursor after a claim of the one key
-                    "walk": 32,
-                    "per_key": None,
-                    "key_cap": None,
-                },
-            ).fetchall()
+            # The claimer's own first claim of the kind: it walks the keys, after the one key
+            # its round robin claimed over last.
+            claim = claim_heads_statement(
+                queries_for(schema),
+                {"kind": "NOTE", "lease": timedelta(minutes=5), "take": False},
+                100,
+                None,
+                {"NOTE": "w"},
+            )
+            claimed = conn.execute(claim.sql, claim.params).fetchall()
             (read,) = conn.execute(
                 "SELECT pg_stat_get_xact_tuples_returned(%s::regclass)",
                 (f'"{schema}".ix_agent_action_lane_ready',),
