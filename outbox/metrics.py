@@ -213,6 +213,13 @@ VACUUM_HORIZON_HELD = Gauge(
     "since, and claims slow down",
     multiprocess_mode="livemostrecent",
 )
+VACUUM_HORIZON_HELD_XIDS = Gauge(
+    "outbox_vacuum_horizon_held_xids",
+    "How many transactions back the oldest holder of the database's vacuum horizon holds it: "
+    "an open transaction, a prepared transaction, a replication slot or a replica's feedback "
+    "(0: none); the dead rows of every write since are kept",
+    multiprocess_mode="livemostrecent",
+)
 
 
 EVENT_LOOP_LAG = Gauge(
@@ -261,9 +268,12 @@ def set_limit_gauges(view: LimitsView) -> None:
             RATE_HELD.labels(kind=bucket["kind"]).set(bucket["held_for"])
 
 
-def set_vacuum_horizon_gauge(holders: list[dict[str, Any]]) -> None:
-    """The longest hold of ``holders`` (``outbox.vacuum_horizon``; 0 when there is none)."""
-    VACUUM_HORIZON_HELD.set(max((holder["held_s"] for holder in holders), default=0.0))
+def set_vacuum_horizon_gauges(holders: list[dict[str, Any]]) -> None:
+    """The longest hold of ``holders`` (``outbox.vacuum_horizon``; slots and replicas carry no
+    time) and the most transactions any of them holds the horizon back (0 when there is none)."""
+    timed = (holder["held_s"] for holder in holders if holder["held_s"] is not None)
+    VACUUM_HORIZON_HELD.set(max(timed, default=0.0))
+    VACUUM_HORIZON_HELD_XIDS.set(max((holder["xid_age"] for holder in holders), default=0))
 
 
 def set_backlog_gauges(backlog: Backlog) -> None:

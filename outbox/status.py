@@ -24,7 +24,12 @@ from outbox.operator.reading import record_operation
 from outbox.operator.records import AttemptRecord
 from outbox.queries import queries_for
 from outbox.state import ActionState
-from outbox.vacuum_horizon import HELD_TOO_LONG, describe_holder, horizon_holders_operation
+from outbox.vacuum_horizon import (
+    HELD_TOO_LONG,
+    HELD_TOO_MANY_XIDS,
+    describe_holder,
+    horizon_holders_operation,
+)
 
 #: How many of the latest UNCERTAIN and FAILED actions ``status`` lists.
 LATEST = 10
@@ -47,7 +52,9 @@ class StatusReport:
     #: role and database, None for every one), whose actions claimers find at their poll.
     enqueue_notify_off: list[dict[str, Any]] = field(default_factory=list)
     #: What has held the database's vacuum horizon back for over ``HELD_TOO_LONG`` (sessions
-    #: and prepared transactions, the longest first): claims slow down until they end.
+    #: and prepared transactions, the longest first; then replication slots and replicas
+    #: ``HELD_TOO_MANY_XIDS`` transactions back, and inactive slots): claims slow down until
+    #: they end.
     vacuum_horizon: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -294,7 +301,8 @@ def render_status(report: StatusReport) -> str:
     else:
         lines.append(
             "vacuum horizon: nothing seen holding it for over "
-            f"{say_duration(HELD_TOO_LONG.total_seconds())}"
+            f"{say_duration(HELD_TOO_LONG.total_seconds())} (a replication slot or a replica: "
+            f"{HELD_TOO_MANY_XIDS:,} transactions back)"
         )
     lines.append("live processes:" if report.processes else "live processes: none")
     for p in report.processes:

@@ -248,6 +248,49 @@ class PrivatePostgres(PrivateServer):
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
 
+class PrivateStandby(PrivatePostgres):
+    """A hot standby of ``primary`` (a running ``PrivatePostgres``), streaming from it: copied
+    with ``pg_basebackup``, through a physical replication slot named ``slot`` (created on the
+    primary by the copy) or without one (``slot`` None). ``hot_standby_feedback`` is on, and
+    reported every second, so that the primary holds its vacuum horizon for the standby's
+    oldest snapshot."""
+
+    name = "standby"
+
+    def __init__(self, primary: PrivatePostgres, slot: str | None = None) -> None:
+        self.primary = primary
+        self.slot = slot
+        super().__init__(
+            settings={"hot_standby_feedback": "on", "wal_receiver_status_interval": "1s"}
+        )
+
+    def _initdb(self) -> None:
+        slot = ["--create-slot", "--slot", self.slot] if self.slot else []
+        result = subprocess.run(
+            [
+                str(PG_BIN / "pg_basebackup"),
+                "--pgdata",
+                str(self.data),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.primary.port),
+                "--username",
+                "postgres",
+                "--write-recovery-conf",
+                "--checkpoint",
+                "fast",
+                "--no-sync",
+                *slot,
+            ],
+            capture_output=True,
+            user=self.user,
+            cwd=self.dir,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"pg_basebackup failed: {result.stderr.decode(errors='replace')}")
+
+
 class PrivateRedis(PrivateServer):
     """Redis without persistence: a restart loses every queued message."""
 

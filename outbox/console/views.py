@@ -38,7 +38,7 @@ from outbox.operator import action_record, live_processes, paused_kinds, recent_
 from outbox.queries import queries_for
 from outbox.state import ActionState
 from outbox.status import status_operation
-from outbox.vacuum_horizon import HELD_TOO_LONG, describe_holder
+from outbox.vacuum_horizon import HELD_TOO_LONG, HELD_TOO_MANY_XIDS, describe_holder
 
 blueprint = Blueprint("views", __name__)
 
@@ -87,6 +87,7 @@ def overview() -> str:
         uncertain=uncertain,
         horizon=[describe_holder(holder) for holder in report.vacuum_horizon],
         held_too_long=say_duration(HELD_TOO_LONG.total_seconds()),
+        held_too_many_xids=f"{HELD_TOO_MANY_XIDS:,}",
         schema=schema,
     )
 

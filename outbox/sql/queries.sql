@@ -1352,27 +1352,44 @@ SELECT kind, paused_by, paused_at, note FROM {schema}.agent_action_kind_pause
 DELETE FROM {schema}.agent_action_kind_pause WHERE kind = %(kind)s RETURNING kind
 
 -- name: vacuum_horizon_holders
--- What has held this database's vacuum horizon back for more than `older_than` seconds, the
--- longest first: sessions of this database (not this one) with an open snapshot or transaction
--- id, for as long as their transaction has been open, and prepared transactions, for as long
--- as they have been prepared. Until they end, vacuum removes none of the dead rows every action
--- leaves, and each claim steps over all of them. A superuser or a member of pg_read_all_stats
--- (pg_monitor) sees every role's sessions; any other role, only its own. A replica's feedback
--- and replication slots hold it too but carry no time: docs/operations.md shows how to read them.
-SELECT h.holder, h.pid, h.role, h.name, h.state, h.held_s
+-- What holds this database's vacuum horizon back, the longest first: sessions of this database
+-- (not this one) with an open snapshot or transaction id, for as long as their transaction has
+-- been open, and prepared transactions, for as long as they have been prepared, each listed past
+-- `older_than` seconds; replication slots and replicas (hot_standby_feedback without a slot)
+-- whose xmin holds it, which carry no time: listed once it is `older_than_xids` transactions
+-- old, and an inactive slot at any age (nothing moves its xmin until its replica is back).
+-- `xid_age` is how many transactions back each holds it. Until they end, vacuum removes none of
+-- the dead rows every action leaves, and each claim steps over all of them. A superuser or a
+-- member of pg_read_all_stats (pg_monitor) sees every role's sessions and replicas; any other
+-- role, only its own. `limit` NULL lists them all.
+SELECT h.holder, h.pid, h.role, h.name, h.state, h.held_s, h.xid_age
   FROM (SELECT 'session' AS holder, a.pid, a.usename::text AS role,
                a.application_name AS name, a.state,
-               extract(epoch FROM now() - a.xact_start)::float8 AS held_s
+               extract(epoch FROM now() - a.xact_start)::float8 AS held_s,
+               greatest(age(a.backend_xmin), age(a.backend_xid)) AS xid_age
           FROM pg_catalog.pg_stat_activity a
          WHERE a.datname = current_database() AND a.pid <> pg_catalog.pg_backend_pid()
            AND (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
         UNION ALL
         SELECT 'prepared transaction', NULL, p.owner::text, p.gid, 'prepared',
-               extract(epoch FROM now() - p.prepared)::float8
+               extract(epoch FROM now() - p.prepared)::float8, age(p.transaction)
           FROM pg_catalog.pg_prepared_xacts p
-         WHERE p.database = current_database()) h
+         WHERE p.database = current_database()
+        UNION ALL
+        -- A physical slot holds every database's horizon, a logical one its own database's.
+        SELECT 'replication slot', s.active_pid, NULL, s.slot_name::text,
+               CASE WHEN s.active THEN 'active' ELSE 'inactive' END, NULL, age(s.xmin)
+          FROM pg_catalog.pg_replication_slots s
+         WHERE s.xmin IS NOT NULL AND (s.database IS NULL OR s.database = current_database())
+        UNION ALL
+        -- A replica's feedback through a slot is the slot's xmin, not its sender's.
+        SELECT 'replica', r.pid, r.usename::text, r.application_name, r.state, NULL,
+               age(r.backend_xmin)
+          FROM pg_catalog.pg_stat_replication r
+         WHERE r.backend_xmin IS NOT NULL) h
  WHERE h.held_s > %(older_than)s
- ORDER BY h.held_s DESC
+    OR (h.held_s IS NULL AND (h.xid_age >= %(older_than_xids)s OR h.state = 'inactive'))
+ ORDER BY h.held_s DESC NULLS LAST, h.xid_age DESC
  LIMIT %(limit)s
 
 -- name: enqueue_notify_off
