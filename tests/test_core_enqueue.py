@@ -372,3 +372,23 @@ def test_an_action_read_from_a_row_is_made_as_the_dataclass_would_make_it(state)
 def test_an_action_row_with_an_unknown_state_is_refused():
     with pytest.raises(ValueError, match="LOST"):
         Action.from_row(action_row("LOST"))
+
+
+def test_a_large_payload_is_stored_compressed_with_lz4_and_reads_back_whole(outbox, conn, schema):
+    # PostgreSQL 14+ built with lz4 (Debian's, the official images'): the migration's condition.
+    (has_lz4,) = conn.execute(
+        "SELECT 'lz4' = ANY (enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
+    ).fetchone()
+    assert has_lz4, "this server has no lz4: the test would prove nothing here"
+    # About 14 KB of JSON that compresses well, as mail does: TOAST compresses it on the insert.
+    text = " ".join(f"word{i % 97}" for i in range(2_000))
+    action = enqueue(conn, request("big", payload={"body": text}), schema=schema)
+    many = enqueue_many(conn, [request("big-many", payload={"body": text})], schema=schema)
+    for id_ in (action.id, many[0].id):
+        method, payload, stored = conn.execute(
+            f"SELECT pg_column_compression(payload), payload, pg_column_size(payload)"
+            f" FROM {schema}.agent_action WHERE id = %s",
+            (id_,),
+        ).fetchone()
+        assert method == "lz4"
+        assert payload == {"body": text} and stored < len(text) / 2
