@@ -25,6 +25,7 @@ SCENARIOS: dict[str, str] = {
     "executor-cost": "benchmarks.executor_cost",
     "dramatiq-raw": "benchmarks.dramatiq_raw",
     "e2e": "benchmarks.e2e",
+    "payload": "benchmarks.e2e_payload",
     "celery-raw": "benchmarks.celery_raw",
     "e2e-celery": "benchmarks.e2e:run_celery",
     # The Dramatiq scenarios on RabbitMQ, against raw Dramatiq on the same RabbitMQ.

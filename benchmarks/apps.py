@@ -155,8 +155,9 @@ def _redis() -> redis.Redis:
     return redis.Redis.from_url(REDIS_URL)
 
 
-def raw_noop(sent_at: float | None = None) -> None:
-    """Counts itself done; with ``sent_at``, records how long after it was sent it started."""
+def raw_noop(sent_at: float | None = None, body: str | None = None) -> None:
+    """Counts itself done; with ``sent_at``, records how long after it was sent it started.
+    ``body``: what the message carried besides (``payload``), unread."""
     started = time.time()
     client = _redis()
     if sent_at is not None:

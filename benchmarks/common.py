@@ -115,9 +115,9 @@ def migrated_outbox(schema: str, database_url: str = DATABASE_URL, **overrides: 
     return outbox
 
 
-def noop_request(key: str, lane: str | None = None, i: int = 0) -> Any:
+def noop_request(key: str, lane: str | None = None, i: int = 0, body: str | None = None) -> Any:
     """An ``ActionRequest`` of the no-op kind: idempotency key ``key``, its own lane unless
-    ``lane`` is given."""
+    ``lane`` is given; its payload carries ``body`` too when given."""
     from outbox import ActionRequest
 
     return ActionRequest(
@@ -125,7 +125,7 @@ def noop_request(key: str, lane: str | None = None, i: int = 0) -> Any:
         workspace_id="w",
         lane_key=lane or key,
         idempotency_key=key,
-        payload={"i": i},
+        payload={"i": i} if body is None else {"i": i, "body": body},
     )
 
 

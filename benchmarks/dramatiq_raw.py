@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -52,9 +53,12 @@ class RawThroughput:
     cpu_ms: dict[str, float | None]
 
 
-def throughput(n: int, broker_url: str = REDIS_URL) -> RawThroughput:
+def throughput(
+    n: int, broker_url: str = REDIS_URL, body: Callable[[int], str] | None = None
+) -> RawThroughput:
     """``n`` messages sent one by one through a fresh raw pool on ``broker_url``, as fast as the
-    pool takes them: messages/s from the first send until the last actor counted itself done."""
+    pool takes them: messages/s from the first send until the last actor counted itself done.
+    ``body``: the text the ``i``-th message carries besides (none by default)."""
     actor = apps.raw_broker_at(broker_url).get_actor("bench_raw_noop")
     with rig("raw", **broker_settings(broker_url)) as r:
         client = redis.Redis.from_url(REDIS_URL)
@@ -63,8 +67,11 @@ def throughput(n: int, broker_url: str = REDIS_URL) -> RawThroughput:
         cpu = CpuMeter(services_for(broker_url), workers=workers, sender=os.getpid())
         cpu.start()
         started = time.perf_counter()
-        for _ in range(n):
-            actor.send()
+        for i in range(n):
+            if body is None:
+                actor.send()
+            else:
+                actor.send(None, body(i))
         ended = wait_until(
             lambda: int(client.get(apps.RAW_DONE_KEY) or 0) >= n, 300, "raw messages not done"
         )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
@@ -66,11 +67,14 @@ class Run:
         return self.per_s / self.ceiling_per_s
 
 
-def _enqueue(outbox: Outbox, n: int, many: bool) -> None:
+def _enqueue(outbox: Outbox, n: int, many: bool, body: Callable[[int], str] | None) -> None:
     with psycopg.connect(DATABASE_URL) as conn:
         for start in range(0, n, PER_TX):
             batch = range(start, min(n, start + PER_TX))
-            requests = [noop_request(f"e2e-{i}", f"lane-{i}", i) for i in batch]
+            requests = [
+                noop_request(f"e2e-{i}", f"lane-{i}", i, None if body is None else body(i))
+                for i in batch
+            ]
             if many:
                 outbox.enqueue_many(conn, requests)
             else:
@@ -86,9 +90,11 @@ def run_once(
     many: bool,
     fabric: str = "dramatiq",
     broker_url: str = REDIS_URL,
+    body: Callable[[int], str] | None = None,
 ) -> Run:
     """Enqueues ``n`` actions into a fresh schema while a claimer and a worker pool run them
-    (Dramatiq's on ``broker_url``, or Celery's)."""
+    (Dramatiq's on ``broker_url``, or Celery's); ``body``: the text the ``i``-th action's
+    payload carries besides its number (none by default)."""
     settings = {"OUTBOX_FABRIC": fabric, **broker_settings(broker_url)}
     with bench_schema("e2e") as schema, rig(schema, **settings) as r:
         outbox = migrated_outbox(schema)
@@ -104,7 +110,7 @@ def run_once(
 
             cpu.start()
             started = time.perf_counter()
-            _enqueue(outbox, n, many)
+            _enqueue(outbox, n, many, body)
             enqueued = time.perf_counter()
             done_at = wait_until(
                 lambda: all_ended(watch, schema), 600, "e2e actions not ended", 0.02

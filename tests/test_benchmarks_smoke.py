@@ -33,11 +33,12 @@ from tests.services import missing_service
 REPO = Path(__file__).resolve().parent.parent
 KEYS = {"scenario", "n", "actions_per_s", "p50_ms", "p99_ms", "ratio", "ratio_to"}
 #: Rows that measure throughput only (no latency of their own: p50/p99 are null).
-THROUGHPUT_ONLY = {"pgqueuer-inprocess", "pgqueuer-horizon"}
+THROUGHPUT_ONLY = {"pgqueuer-inprocess", "pgqueuer-horizon", "dramatiq-raw-payload"}
 #: Rows that run the outbox's processes and report the CPU ms an action of each and in all.
 CPU_REPORTED = {
     "e2e",
     "e2e-single",
+    "e2e-payload",
     "e2e-celery",
     "latency",
     "latency-8-kinds",
