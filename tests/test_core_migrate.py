@@ -124,3 +124,66 @@ def test_cli_migrate_runs_from_the_environment(database_url, schema, monkeypatch
     assert main(["migrate"]) == 0
     assert "up to date" in capsys.readouterr().out
     assert Outbox().schema == schema
+
+
+#: The outbox's key columns: compared byte by byte (``COLLATE "C"``) whatever the database's
+#: collation, so that no index probe calls into a locale.
+BYTEWISE_KEYS = {
+    ("agent_action", "kind"),
+    ("agent_action", "lane_key"),
+    ("agent_action", "idempotency_key"),
+    ("agent_action", "workspace_id"),
+    ("agent_action", "limit_key"),
+    ("agent_action", "subject_account_id"),
+    ("agent_action_lane", "lane_key"),
+    ("agent_action_lane", "head_kind"),
+    ("agent_action_lane", "head_limit_key"),
+    ("agent_action_lane_intake", "lane_key"),
+    ("agent_action_lane_intake", "lane_keys"),
+    ("agent_action_kind", "name"),
+    ("agent_action_kind_pause", "kind"),
+    ("agent_action_rate", "bucket"),
+}
+
+
+def test_the_key_columns_and_their_indexes_compare_bytewise(make_outbox, conn, schema):
+    ob = make_outbox()
+    ob.declare(ActionKind("ESCALATE"))
+    ob.migrate()
+    columns = {
+        (table, column): collation
+        for table, column, collation in conn.execute(
+            "SELECT c.relname, a.attname, co.collname FROM pg_attribute a"
+            " JOIN pg_class c ON c.oid = a.attrelid"
+            " JOIN pg_collation co ON co.oid = a.attcollation"
+            " WHERE c.relnamespace = %s::regnamespace AND c.relkind = 'r' AND a.attnum > 0",
+            (schema,),
+        )
+    }
+    assert {key: columns[key] for key in BYTEWISE_KEYS} == dict.fromkeys(BYTEWISE_KEYS, "C")
+    # Every index key on them was rebuilt with the column's collation.
+    index_keys = conn.execute(
+        "SELECT t.relname, a.attname, co.collname FROM pg_index i"
+        " JOIN pg_class t ON t.oid = i.indrelid"
+        " CROSS JOIN LATERAL unnest(i.indkey, i.indcollation) AS k(attnum, coll)"
+        " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+        " JOIN pg_collation co ON co.oid = k.coll"
+        " WHERE t.relnamespace = %s::regnamespace",
+        (schema,),
+    ).fetchall()
+    on_keys = [
+        (table, column, coll)
+        for table, column, coll in index_keys
+        if (table, column) in BYTEWISE_KEYS
+    ]
+    assert len(on_keys) >= 8 and all(coll == "C" for _, _, coll in on_keys), on_keys
+    # A kind is still refused a rename while actions name it (its trigger was made again).
+    enqueue(
+        conn,
+        ActionRequest(kind="ESCALATE", lane_key="l", idempotency_key="k", workspace_id="w"),
+        schema=schema,
+    )
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):
+        conn.execute(
+            f"UPDATE {schema}.agent_action_kind SET name = 'RENAMED' WHERE name = 'ESCALATE'"
+        )
