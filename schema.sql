@@ -10,13 +10,13 @@ CREATE SCHEMA outbox;
 
 CREATE TABLE outbox.agent_action (
     id bigint NOT NULL,
-    kind text NOT NULL,
+    kind text NOT NULL COLLATE pg_catalog."C",
     state text DEFAULT 'ADMITTED'::text NOT NULL,
-    workspace_id text,
-    lane_key text NOT NULL,
-    idempotency_key text NOT NULL,
+    workspace_id text COLLATE pg_catalog."C",
+    lane_key text NOT NULL COLLATE pg_catalog."C",
+    idempotency_key text NOT NULL COLLATE pg_catalog."C",
     payload jsonb,
-    subject_account_id text,
+    subject_account_id text COLLATE pg_catalog."C",
     max_attempts integer DEFAULT 5 NOT NULL,
     expires_at timestamp with time zone,
     attempt integer DEFAULT 0 NOT NULL,
@@ -32,11 +32,12 @@ CREATE TABLE outbox.agent_action (
     retry_reason text,
     earlier_write_at timestamp with time zone,
     priority smallint DEFAULT 0 NOT NULL,
-    limit_key text,
+    limit_key text COLLATE pg_catalog."C",
     claimed_by text,
     taken_by text
 )
 WITH (fillfactor='70');
+ALTER TABLE ONLY outbox.agent_action ALTER COLUMN payload SET COMPRESSION lz4;
 
 -- function agent_action_broken_check(outbox.agent_action)
 
@@ -830,7 +831,7 @@ ALTER TABLE outbox.agent_action ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY
 -- table agent_action_kind
 
 CREATE TABLE outbox.agent_action_kind (
-    name text NOT NULL,
+    name text NOT NULL COLLATE pg_catalog."C",
     at_most_once boolean NOT NULL,
     instance_level boolean NOT NULL,
     declared_at timestamp with time zone DEFAULT now() NOT NULL,
@@ -840,7 +841,7 @@ CREATE TABLE outbox.agent_action_kind (
 -- table agent_action_kind_pause
 
 CREATE TABLE outbox.agent_action_kind_pause (
-    kind text NOT NULL,
+    kind text NOT NULL COLLATE pg_catalog."C",
     paused_by text NOT NULL,
     paused_at timestamp with time zone DEFAULT now() NOT NULL,
     note text
@@ -849,24 +850,24 @@ CREATE TABLE outbox.agent_action_kind_pause (
 -- table agent_action_lane
 
 CREATE TABLE outbox.agent_action_lane (
-    lane_key text NOT NULL,
+    lane_key text NOT NULL COLLATE pg_catalog."C",
     head_id bigint,
-    head_kind text,
+    head_kind text COLLATE pg_catalog."C",
     head_due_at timestamp with time zone,
     executing_id bigint,
     busy_until timestamp with time zone,
     head_priority smallint DEFAULT 0 NOT NULL,
-    head_limit_key text DEFAULT ''::text NOT NULL
+    head_limit_key text DEFAULT ''::text NOT NULL COLLATE pg_catalog."C"
 );
 
 -- table agent_action_lane_intake
 
 CREATE TABLE outbox.agent_action_lane_intake (
     seq bigint NOT NULL,
-    lane_key text,
+    lane_key text COLLATE pg_catalog."C",
     busy_until timestamp with time zone,
     priority smallint DEFAULT 0 NOT NULL,
-    lane_keys text[],
+    lane_keys text[] COLLATE pg_catalog."C",
     lanes integer DEFAULT 1 NOT NULL,
     CONSTRAINT ck_agent_action_lane_intake_lanes CHECK (((lane_key IS NULL) <> (lane_keys IS NULL)))
 );
@@ -904,7 +905,7 @@ CREATE TABLE outbox.agent_action_parked_payload (
 -- table agent_action_rate
 
 CREATE TABLE outbox.agent_action_rate (
-    bucket text NOT NULL,
+    bucket text NOT NULL COLLATE pg_catalog."C",
     next_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
     held_until timestamp with time zone,
     used_at timestamp with time zone DEFAULT now() NOT NULL
