@@ -189,27 +189,28 @@ class PrivatePostgres(PrivateServer):
         self._initdb()
 
     def _initdb(self) -> None:
+        self._run_tool(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale",
+            "C",
+        )
+
+    def _run_tool(self, tool: str, *args: str) -> None:
+        """Runs one of PostgreSQL's programs as the server's user, in the server's directory."""
         result = subprocess.run(
-            [
-                str(PG_BIN / "initdb"),
-                "-D",
-                str(self.data),
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "--no-sync",
-                "-E",
-                "UTF8",
-                "--locale",
-                "C",
-            ],
-            capture_output=True,
-            user=self.user,
-            cwd=self.dir,
+            [str(PG_BIN / tool), *args], capture_output=True, user=self.user, cwd=self.dir
         )
         if result.returncode != 0:
-            raise RuntimeError(f"initdb failed: {result.stderr.decode(errors='replace')}")
+            raise RuntimeError(f"{tool} failed: {result.stderr.decode(errors='replace')}")
 
     def argv(self) -> list[str]:
         settings = {
@@ -266,29 +267,22 @@ class PrivateStandby(PrivatePostgres):
 
     def _initdb(self) -> None:
         slot = ["--create-slot", "--slot", self.slot] if self.slot else []
-        result = subprocess.run(
-            [
-                str(PG_BIN / "pg_basebackup"),
-                "--pgdata",
-                str(self.data),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.primary.port),
-                "--username",
-                "postgres",
-                "--write-recovery-conf",
-                "--checkpoint",
-                "fast",
-                "--no-sync",
-                *slot,
-            ],
-            capture_output=True,
-            user=self.user,
-            cwd=self.dir,
+        self._run_tool(
+            "pg_basebackup",
+            "--pgdata",
+            str(self.data),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.primary.port),
+            "--username",
+            "postgres",
+            "--write-recovery-conf",
+            "--checkpoint",
+            "fast",
+            "--no-sync",
+            *slot,
         )
-        if result.returncode != 0:
-            raise RuntimeError(f"pg_basebackup failed: {result.stderr.decode(errors='replace')}")
 
 
 class PrivateRedis(PrivateServer):
