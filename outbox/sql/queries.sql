@@ -1388,7 +1388,8 @@ SELECT h.holder, h.pid, h.role, h.name, h.state, h.held_s, h.xid_age
           FROM pg_catalog.pg_stat_replication r
          WHERE r.backend_xmin IS NOT NULL) h
  WHERE h.held_s > %(older_than)s
-    OR (h.held_s IS NULL AND (h.xid_age >= %(older_than_xids)s OR h.state = 'inactive'))
+    OR (h.holder IN ('replication slot', 'replica')
+        AND (h.xid_age >= %(older_than_xids)s OR h.state = 'inactive'))
  ORDER BY h.held_s DESC NULLS LAST, h.xid_age DESC
  LIMIT %(limit)s
 
