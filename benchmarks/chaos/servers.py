@@ -1,5 +1,6 @@
 """Private PostgreSQL and Redis servers for faults: each on its own free port and temp dir, so a
-test or the soak may stop, restart or pause them without touching any shared server.
+test or the soak may stop, restart or pause them without touching any shared server; and a hot
+standby of a private PostgreSQL (``PrivateStandby``) for what replication holds on its primary.
 
     with PrivatePostgres() as pg, PrivateRedis() as broker:
         ...  # pg.url, broker.url; pg.restart(downtime=2.0); broker.pause() ... broker.resume()
