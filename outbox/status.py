@@ -16,7 +16,6 @@ from typing import Any
 from outbox._io import Operation, Statement, psycopg_connection, run_sync
 from outbox.action import Action
 from outbox.backlog import backlog_operation
-from outbox.durations import say_duration
 from outbox.enqueuing import default_schema
 from outbox.operator.pausing import paused_kinds_operation
 from outbox.operator.processes import LIVE_INTERVALS, live_processes_operation
@@ -24,12 +23,7 @@ from outbox.operator.reading import record_operation
 from outbox.operator.records import AttemptRecord
 from outbox.queries import queries_for
 from outbox.state import ActionState
-from outbox.vacuum_horizon import (
-    HELD_TOO_LONG,
-    HELD_TOO_MANY_XIDS,
-    describe_holder,
-    horizon_holders_operation,
-)
+from outbox.vacuum_horizon import describe_holder, horizon_holders_operation, listing_rule
 
 #: How many of the latest UNCERTAIN and FAILED actions ``status`` lists.
 LATEST = 10
@@ -299,11 +293,7 @@ def render_status(report: StatusReport) -> str:
         )
         lines.extend(f"  {describe_holder(holder)}" for holder in report.vacuum_horizon)
     else:
-        lines.append(
-            "vacuum horizon: nothing seen holding it for over "
-            f"{say_duration(HELD_TOO_LONG.total_seconds())} (a replication slot or a replica: "
-            f"{HELD_TOO_MANY_XIDS:,} transactions back)"
-        )
+        lines.append(f"vacuum horizon: nothing seen holding it for {listing_rule()}")
     lines.append("live processes:" if report.processes else "live processes: none")
     for p in report.processes:
         lines.append(

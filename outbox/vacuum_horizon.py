@@ -53,6 +53,14 @@ def horizon_holders_operation(
     return [dict(row) for row in rows]
 
 
+def listing_rule() -> str:
+    """What gets a holder listed, in words: ``outbox status`` and the console say it alike."""
+    return (
+        f"over {say_duration(HELD_TOO_LONG.total_seconds())} (a replication slot or a replica: "
+        f"{HELD_TOO_MANY_XIDS:,} transactions back, or a slot no replica reads)"
+    )
+
+
 def describe_holder(holder: dict[str, Any]) -> str:
     """One holder in words: what it is, whose, and for how long."""
     if holder["holder"] == "session":

@@ -32,13 +32,12 @@ from outbox.console.auth import check_login
 from outbox.console.chart import outcomes_svg
 from outbox.console.health import health
 from outbox.console.queues import serve_queues
-from outbox.durations import say_duration
 from outbox.errors import ActionNotFound
 from outbox.operator import action_record, live_processes, paused_kinds, recent_audit
 from outbox.queries import queries_for
 from outbox.state import ActionState
 from outbox.status import status_operation
-from outbox.vacuum_horizon import HELD_TOO_LONG, HELD_TOO_MANY_XIDS, describe_holder
+from outbox.vacuum_horizon import describe_holder, listing_rule
 
 blueprint = Blueprint("views", __name__)
 
@@ -86,8 +85,7 @@ def overview() -> str:
         lanes=lanes,
         uncertain=uncertain,
         horizon=[describe_holder(holder) for holder in report.vacuum_horizon],
-        held_too_long=say_duration(HELD_TOO_LONG.total_seconds()),
-        held_too_many_xids=f"{HELD_TOO_MANY_XIDS:,}",
+        listed_when=listing_rule(),
         schema=schema,
     )
 
