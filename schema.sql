@@ -225,13 +225,15 @@ CREATE FUNCTION outbox.agent_action_kinds_waiting(p_kinds text[]) RETURNS text[]
     SET enable_seqscan TO 'off'
     AS $$
 BEGIN
-    -- One probe of ix_agent_action_lane_ready a kind: its first entry, due or scheduled
-    -- (OFFSET 0: a probe a kind, not a semi-join over the lane table).
+    -- One probe of ix_agent_action_lane_ready a kind: a head that is due, or was scheduled
+    -- and has come due since the fold promoted (OFFSET 0: a probe a kind, not a semi-join over
+    -- the lane table).
     RETURN (SELECT coalesce(array_agg(k.kind), '{}')
               FROM unnest(p_kinds) AS k(kind)
              WHERE EXISTS (SELECT 1 FROM agent_action_lane l
                             WHERE l.head_kind = k.kind
                               AND l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                              AND NOT l.head_scheduled
                            OFFSET 0));
 END;
 $$;
@@ -280,7 +282,7 @@ BEGIN
                              ORDER BY seq DESC LIMIT 64) r) p
              GROUP BY p.tid) t;
     IF tids IS NULL THEN
-        RETURN 0;
+        RETURN agent_action_lane_promote(p_limit);
     END IF;
     SELECT array_agg(k.lane_key ORDER BY k.lane_key), array_agg(k.hold ORDER BY k.lane_key)
       INTO keys, holds
@@ -336,9 +338,10 @@ BEGIN
                    FOR SHARE OF a SKIP LOCKED) y ON true
     ), made AS (
         INSERT INTO agent_action_lane
-            (lane_key, head_id, head_kind, head_due_at, head_priority, head_limit_key,
-             executing_id, busy_until)
+            (lane_key, head_id, head_kind, head_due_at, head_scheduled, head_priority,
+             head_limit_key, executing_id, busy_until)
         SELECT p.lane_key, p.id, p.kind, CASE WHEN p.state = 'ADMITTED' THEN p.available_at END,
+               coalesce(p.state = 'ADMITTED' AND p.available_at > now(), false),
                coalesce(p.priority, 0), coalesce(p.limit_key, ''), p.executing_id,
                CASE WHEN p.hold > now() THEN p.hold END
           FROM probe p
@@ -384,9 +387,10 @@ BEGIN
            SET lane_keys = i.lane_keys[b.take + 1:], lanes = i.lanes - b.take
           FROM unnest(tids, takes) AS b(tid, take)
          WHERE i.ctid = b.tid AND i.lanes > b.take;
-        RETURN taken;
+        RETURN taken + agent_action_lane_promote(p_limit);
     END IF;
-    RETURN agent_action_lane_intake_held(tids, takes, keys, folded, taken);
+    taken := agent_action_lane_intake_held(tids, takes, keys, folded, taken);
+    RETURN taken + agent_action_lane_promote(p_limit);
 END;
 $$;
 
@@ -444,6 +448,33 @@ BEGIN
 END;
 $$;
 
+-- function agent_action_lane_promote(integer)
+
+CREATE FUNCTION outbox.agent_action_lane_promote(p_limit integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    AS $$
+DECLARE
+    promoted integer;
+BEGIN
+    -- By tuple id (a TID scan), which the locking probe read, as the other lane functions
+    -- write (0023): joined by lane key, a generic plan scanned the whole lane table.
+    UPDATE agent_action_lane l
+       SET head_scheduled = false
+     WHERE l.ctid = ANY (ARRAY(
+               SELECT s.ctid
+                 FROM agent_action_lane s
+                WHERE s.head_scheduled AND s.head_due_at <= now()
+                ORDER BY s.head_due_at
+                LIMIT p_limit
+                  FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS promoted = ROW_COUNT;
+    RETURN promoted;
+END;
+$$;
+
 -- function agent_action_lane_refresh(text)
 
 CREATE FUNCTION outbox.agent_action_lane_refresh(p_lane text) RETURNS void
@@ -470,7 +501,8 @@ BEGIN
          WHERE lane_key = p_lane AND (busy_until IS NULL OR busy_until <= now());
         IF NOT FOUND THEN  -- held by an erased write: keep the row, with no head
             UPDATE agent_action_lane
-               SET head_id = NULL, head_kind = NULL, head_due_at = NULL, executing_id = executing
+               SET head_id = NULL, head_kind = NULL, head_due_at = NULL, head_scheduled = false,
+                   executing_id = executing
              WHERE lane_key = p_lane;
         END IF;
     ELSE
@@ -478,13 +510,15 @@ BEGIN
            SET head_id = head.id,
                head_kind = head.kind,
                head_due_at = CASE WHEN head.state = 'ADMITTED' THEN head.available_at END,
+               head_scheduled = head.state = 'ADMITTED' AND head.available_at > now(),
                executing_id = executing,
                head_priority = coalesce(head.priority, 0),
                head_limit_key = coalesce(head.limit_key, '')
          WHERE l.lane_key = p_lane
-           AND (l.head_id, l.head_kind, l.head_due_at, l.executing_id, l.head_priority,
-                l.head_limit_key) IS DISTINCT FROM
+           AND (l.head_id, l.head_kind, l.head_due_at, l.head_scheduled, l.executing_id,
+                l.head_priority, l.head_limit_key) IS DISTINCT FROM
                (head.id, head.kind, CASE WHEN head.state = 'ADMITTED' THEN head.available_at END,
+                head.state = 'ADMITTED' AND head.available_at > now(),
                 executing, coalesce(head.priority, 0), coalesce(head.limit_key, ''));
         IF executing IS NULL AND head.state = 'ADMITTED' AND head.available_at <= now() THEN
             PERFORM pg_notify('outbox_' || current_schema(), '');
@@ -578,9 +612,10 @@ BEGIN
         -- if an action of it waits: one probe of ix_agent_action_lane_waiting a lane. Made as
         -- the fold makes one, then locked with the others.
         INSERT INTO agent_action_lane
-            (lane_key, head_id, head_kind, head_due_at, head_priority, head_limit_key,
-             executing_id)
+            (lane_key, head_id, head_kind, head_due_at, head_scheduled, head_priority,
+             head_limit_key, executing_id)
         SELECT k.lane_key, h.id, h.kind, CASE WHEN h.state = 'ADMITTED' THEN h.available_at END,
+               coalesce(h.state = 'ADMITTED' AND h.available_at > now(), false),
                coalesce(h.priority, 0), h.limit_key,
                (SELECT a.id FROM agent_action a
                  WHERE a.lane_key = k.lane_key AND a.state = 'EXECUTING')
@@ -617,6 +652,8 @@ BEGIN
     WITH lane AS (
         SELECT k.lane_key, r.tid, h.id AS head_id, h.kind AS head_kind,
                CASE WHEN h.state = 'ADMITTED' THEN h.available_at END AS head_due_at,
+               coalesce(h.state = 'ADMITTED' AND h.available_at > now(), false)
+                   AS head_scheduled,
                coalesce(h.priority, 0) AS head_priority,
                coalesce(h.limit_key, '') AS head_limit_key,
                x.id AS executing_id
@@ -644,7 +681,7 @@ BEGIN
            AND (l.busy_until IS NULL OR l.busy_until <= now())
     ), held AS (
         UPDATE agent_action_lane l
-           SET head_id = NULL, head_kind = NULL, head_due_at = NULL,
+           SET head_id = NULL, head_kind = NULL, head_due_at = NULL, head_scheduled = false,
                executing_id = lane.executing_id
           FROM lane
          WHERE l.ctid = lane.tid
@@ -653,15 +690,16 @@ BEGIN
     ), busy AS (
         UPDATE agent_action_lane l
            SET head_id = lane.head_id, head_kind = lane.head_kind,
-               head_due_at = lane.head_due_at, executing_id = lane.executing_id,
+               head_due_at = lane.head_due_at, head_scheduled = lane.head_scheduled,
+               executing_id = lane.executing_id,
                head_priority = lane.head_priority, head_limit_key = lane.head_limit_key
           FROM lane
          WHERE l.ctid = lane.tid
            AND lane.executing_id IS NOT NULL AND lane.head_id IS NOT NULL
-           AND (l.head_id, l.head_kind, l.head_due_at, l.executing_id, l.head_priority,
-                l.head_limit_key) IS DISTINCT FROM
-               (lane.head_id, lane.head_kind, lane.head_due_at, lane.executing_id,
-                lane.head_priority, lane.head_limit_key)
+           AND (l.head_id, l.head_kind, l.head_due_at, l.head_scheduled, l.executing_id,
+                l.head_priority, l.head_limit_key) IS DISTINCT FROM
+               (lane.head_id, lane.head_kind, lane.head_due_at, lane.head_scheduled,
+                lane.executing_id, lane.head_priority, lane.head_limit_key)
     )
     SELECT array_agg(lane.lane_key ORDER BY lane.lane_key) INTO idle
       FROM lane
@@ -857,7 +895,8 @@ CREATE TABLE outbox.agent_action_lane (
     executing_id bigint,
     busy_until timestamp with time zone,
     head_priority smallint DEFAULT 0 NOT NULL,
-    head_limit_key text DEFAULT ''::text NOT NULL COLLATE pg_catalog."C"
+    head_limit_key text DEFAULT ''::text NOT NULL COLLATE pg_catalog."C",
+    head_scheduled boolean DEFAULT false NOT NULL
 );
 
 -- table agent_action_lane_intake
@@ -1092,7 +1131,11 @@ CREATE INDEX ix_agent_action_lane_intake_priority ON outbox.agent_action_lane_in
 
 -- index ix_agent_action_lane_ready
 
-CREATE INDEX ix_agent_action_lane_ready ON outbox.agent_action_lane USING btree (head_kind, head_limit_key, head_priority DESC, head_due_at) WHERE ((executing_id IS NULL) AND (head_due_at IS NOT NULL));
+CREATE INDEX ix_agent_action_lane_ready ON outbox.agent_action_lane USING btree (head_kind, head_limit_key, head_priority DESC, head_due_at) WHERE ((executing_id IS NULL) AND (head_due_at IS NOT NULL) AND (NOT head_scheduled));
+
+-- index ix_agent_action_lane_scheduled
+
+CREATE INDEX ix_agent_action_lane_scheduled ON outbox.agent_action_lane USING btree (head_due_at) WHERE head_scheduled;
 
 -- index ix_agent_action_lane_waiting
 

@@ -1,7 +1,9 @@
 """``claim-cost``: what one claim batch of 100 costs on (a) a small table, (b) one hot lane of
 100,000 waiting actions plus 1,000 one-action lanes, (c) 1,000,000 ended actions in history,
 (d) as (b) with priorities and limits on: the single lanes over 100 workspaces (the claim's fair
-walk over limit keys) with three priorities, and a per-key concurrency cap.
+walk over limit keys) with three priorities, and a per-key concurrency cap, (e) as (a) with
+100,000 lanes scheduled for tomorrow over 10,000 workspaces that come before the due lanes' in
+key order (a reminder a user): a claim walks only keys with something due.
 
 Each timing is the real claim (``outbox.store.claim_operation``: the lane intake, then
 ``claim_heads``, which reclaims, walks the limit keys and claims), its statements prepared as a
@@ -54,7 +56,15 @@ def _insert(conn: psycopg.Connection[Any], select: str, n: int) -> None:
     )
 
 
-def fill(schema: str, *, singles: int, hot: int = 0, ended: int = 0, workspaces: int = 0) -> None:
+def fill(
+    schema: str,
+    *,
+    singles: int,
+    hot: int = 0,
+    ended: int = 0,
+    workspaces: int = 0,
+    scheduled: int = 0,
+) -> None:
     """Loads a case. Waiting actions go through the real triggers (so the lane table is what
     production keeps); the ended history is written with triggers off (the guard would refuse an
     action born ended), which leaves the lane table alone, as ended actions do."""
@@ -78,6 +88,16 @@ def fill(schema: str, *, singles: int, hot: int = 0, ended: int = 0, workspaces:
                 "SELECT %(kind)s, 'w', 'hot', 'hot-' || g, '{}',"
                 " now() - interval '1 day' + g * interval '1 ms' FROM generate_series(1, %(n)s) g",
                 hot,
+            )
+        if scheduled:
+            # Tomorrow's reminders, ten lanes a workspace, the workspaces before the single
+            # lanes' "w" in key order (where a claim's walk begins).
+            _insert(
+                conn,
+                "SELECT %(kind)s, 'a' || lpad((g %% greatest(%(n)s / 10, 1))::text, 6, '0'),"
+                " 'later-' || g, 'later-' || g, '{}',"
+                " now() + interval '1 day' + g * interval '1 ms' FROM generate_series(1, %(n)s) g",
+                scheduled,
             )
         if workspaces:
             # Priorities and limits on: the single lanes spread over many workspaces (limit
@@ -215,6 +235,11 @@ CASES = (
         "claim-cost-d",
         "as (b), the single lanes over 100 workspaces with 3 priorities, a per-key cap of 10",
         {"singles": 1_000, "hot": 100_000, "workspaces": 100},
+    ),
+    (
+        "claim-cost-e",
+        "1,000 one-action lanes + 100,000 lanes scheduled for tomorrow over 10,000 workspaces",
+        {"singles": 1_000, "scheduled": 100_000},
     ),
 )
 

@@ -90,8 +90,17 @@ def fold_lane_intake(conn: psycopg.Connection, schema: str) -> int:
 
 
 def lanes(conn: psycopg.Connection, schema: str) -> list[tuple]:
-    """The lane rows, once the lane intake is folded (as every claim does first)."""
+    """The lane rows, once the lane intake is folded (as every claim does first). Checks too
+    that no row is out of the claim's index while its head is due, nor in it while its head
+    is scheduled for later (a second of slack for the fold's own clock)."""
     fold_lane_intake(conn, schema)
+    misplaced = conn.execute(
+        f"SELECT lane_key, head_due_at, head_scheduled, now() "
+        f'FROM "{schema}".agent_action_lane '
+        "WHERE (NOT head_scheduled AND head_due_at > now())"
+        " OR (head_scheduled AND head_due_at <= now() - interval '1 second')"
+    ).fetchall()
+    assert not misplaced, misplaced
     return conn.execute(
         f"SELECT lane_key, head_id, head_kind, head_due_at, executing_id "
         f'FROM "{schema}".agent_action_lane ORDER BY lane_key'

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -187,3 +189,42 @@ def test_the_key_columns_and_their_indexes_compare_bytewise(make_outbox, conn, s
         conn.execute(
             f"UPDATE {schema}.agent_action_kind SET name = 'RENAMED' WHERE name = 'ESCALATE'"
         )
+
+
+def test_an_upgrade_keeps_the_lanes_scheduled_before_it_out_of_the_claims_index(
+    make_outbox, conn, schema, monkeypatch
+):
+    """Lanes folded before migration 0031 (one head scheduled for tomorrow, one due) come out of
+    it marked as their heads are: a claim then takes the due one alone."""
+    import outbox.migrate as migrate_module
+
+    every = available_migrations()
+    monkeypatch.setattr(
+        migrate_module, "available_migrations", lambda: [m for m in every if m.version < 31]
+    )
+    ob = make_outbox()
+    ob.declare(ActionKind("NOTE"))
+    ob.migrate()
+    tomorrow = conn.execute("SELECT now() + interval '1 day'").fetchone()[0]
+    requests = [
+        ActionRequest(
+            "NOTE", lane_key="later", idempotency_key="later", workspace_id="w", not_before=tomorrow
+        ),
+        ActionRequest("NOTE", lane_key="due", idempotency_key="due", workspace_id="w"),
+    ]
+    due = [enqueue(conn, request, schema=schema) for request in requests][1]
+    conn.execute(f'SELECT "{schema}".agent_action_lane_intake(100)')
+    conn.commit()
+    monkeypatch.setattr(migrate_module, "available_migrations", lambda: every)
+    assert ob.migrate().applied[0].startswith("0031_")
+    flags = conn.execute(
+        f'SELECT lane_key, head_scheduled FROM "{schema}".agent_action_lane ORDER BY 1'
+    ).fetchall()
+    assert flags == [("due", False), ("later", True)]
+    conn.rollback()
+
+    async def claim():
+        async with ob.store() as store:
+            return await store.claim({"NOTE": 10}, timedelta(minutes=5), take=False)
+
+    assert [c.action.id for c in asyncio.run(claim())] == [due.id]

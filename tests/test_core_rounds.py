@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -264,3 +265,36 @@ def test_a_kind_cap_holds_across_overlapping_rounds(make_outbox, database_url):
     assert len(outcomes) == 20
     assert all(o.recorded for o in outcomes)
     assert gauge.most["all"] == 2
+
+
+def test_idle_is_not_declared_while_actions_wait_behind_keys_with_only_scheduled_heads(
+    make_outbox, database_url
+):
+    """More workspaces than a claim walks (32) whose only action is scheduled for tomorrow,
+    ahead of the workspaces with due actions in key order: the rounds run every due action
+    before they call it idle, and leave the scheduled ones waiting."""
+    recorder = LaneRecorder()
+    ob = build(make_outbox, recorder)
+    tomorrow = datetime.now(UTC) + timedelta(days=1)
+    with psycopg.connect(database_url) as conn:
+        for i in range(40):
+            request = ActionRequest(
+                NOTE,
+                workspace_id=f"a{i:02d}",
+                lane_key=f"reminder-{i}",
+                idempotency_key=f"reminder-{i}",
+                not_before=tomorrow,
+            )
+            enqueue(conn, request, schema=ob.schema)
+        due = [
+            enqueue(
+                conn,
+                ActionRequest(NOTE, workspace_id="w", lane_key=f"due-{i}", idempotency_key=f"d{i}"),
+                schema=ob.schema,
+            ).id
+            for i in range(5)
+        ]
+        conn.commit()
+    outcomes = asyncio.run(run(ob, concurrency=2))
+    assert sorted(o.action_id for o in outcomes) == due
+    assert sorted(i for ran in recorder.by_lane.values() for i in ran) == due

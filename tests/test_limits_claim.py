@@ -14,14 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from outbox import ActionKind, ActionRequest, admit, enqueue, enqueue_many
-from outbox._io import run_async
+from outbox._io import run_async, run_sync
 from outbox.dispatch.claimer import bounded_claim_operation
 from outbox.dispatch.consumption import ConsumptionWatch
 from outbox.limits import KindLimits
 from outbox.results import Finish
 from outbox.state import ActionState
 from outbox.store import ClaimedAction
-from tests.support import expected_lanes, lanes
+from tests.support import expected_lanes, fold_lane_intake, lanes
 
 NOTE = ActionKind("NOTE")
 LEASE = timedelta(minutes=5)
@@ -134,6 +134,94 @@ def test_priority_is_accepted_exactly_from_minus_100_to_100(priority):
     else:
         with pytest.raises(InvalidActionRequest):
             request.validate()
+
+
+def scheduled_flags(conn, schema: str) -> dict[str, bool]:
+    rows = conn.execute(f'SELECT lane_key, head_scheduled FROM "{schema}".agent_action_lane')
+    return dict(rows.fetchall())
+
+
+def test_a_claim_walks_past_keys_whose_heads_are_all_scheduled(make_outbox, conn, schema):
+    """Forty workspaces (more than a claim walks) with nothing but a reminder for tomorrow come
+    first in key order; the claim still takes the due actions of the workspace after them."""
+    ob = build(make_outbox)
+    tomorrow = db_now(conn) + timedelta(days=1)
+    enqueue_many(
+        conn,
+        [req(f"later-{i}", f"later-{i}", f"a{i:02d}", not_before=tomorrow) for i in range(40)],
+        schema=schema,
+    )
+    due = enqueue_many(conn, [req(f"due-{i}", f"due-{i}", "w") for i in range(3)], schema=schema)
+    conn.commit()
+    assert sorted(c.action.id for c in claim_now(ob, 10)) == sorted(a.id for a in due)
+    assert claim_now(ob, 10) == []
+    conn.rollback()
+    assert lanes(conn, schema) == expected_lanes(conn, schema)
+
+
+def test_a_claimers_round_claims_a_scheduled_action_in_the_round_after_its_time(
+    make_outbox, conn, schema
+):
+    """The round's first look promotes the lanes whose time came (its fold) before it asks
+    which kinds have heads waiting: the round that first sees the action due claims it."""
+    build(make_outbox)
+    soon = db_now(conn) + timedelta(seconds=0.5)
+    scheduled = enqueue(conn, req("L", "soon", not_before=soon), schema=schema)
+    conn.commit()
+
+    def one_round() -> list[int]:
+        with psycopg.connect(conn.info.dsn) as c:
+            op = bounded_claim_operation(schema, [NOTE.name], 64, 100, LEASE, ConsumptionWatch())
+            with c.transaction():
+                return [x.action.id for x in run_sync(c, op).claimed]
+
+    assert one_round() == []
+    assert scheduled_flags(conn, schema) == {"L": True}
+    conn.rollback()
+    time.sleep(0.6)
+    assert one_round() == [scheduled.id]
+
+
+def test_the_fold_promotes_due_scheduled_lanes_a_batch_at_a_time_and_never_waits(
+    make_outbox, conn, schema, database_url
+):
+    """The fold promotes up to its batch of the lanes whose scheduled head came due and counts
+    them with what it folded; a lane row another transaction holds is passed over, not waited
+    for, and promoted by a later fold."""
+    build(make_outbox)
+    soon = db_now(conn) + timedelta(seconds=0.3)
+    enqueue_many(
+        conn, [req(f"L{i}", f"k{i}", f"w{i}", not_before=soon) for i in range(5)], schema=schema
+    )
+    conn.commit()
+    assert fold_lane_intake(conn, schema) == 5  # the enqueue's lanes, none due yet
+    conn.commit()
+    assert set(scheduled_flags(conn, schema).values()) == {True}
+    conn.rollback()
+    time.sleep(0.4)
+    with psycopg.connect(database_url) as holder:
+        holder.execute(
+            f"SELECT 1 FROM \"{schema}\".agent_action_lane WHERE lane_key = 'L0' FOR UPDATE"
+        )
+        conn.execute("SET statement_timeout = '5s'")
+        fold = f'SELECT "{schema}".agent_action_lane_intake(%s)'
+        assert conn.execute(fold, (3,)).fetchone()[0] == 3
+        conn.commit()
+        assert conn.execute(fold, (3,)).fetchone()[0] == 1  # L0 is held: passed over
+        conn.commit()
+        assert scheduled_flags(conn, schema) == {
+            "L0": True,
+            "L1": False,
+            "L2": False,
+            "L3": False,
+            "L4": False,
+        }
+        conn.rollback()
+    assert conn.execute(fold, (3,)).fetchone()[0] == 1
+    conn.commit()
+    assert set(scheduled_flags(conn, schema).values()) == {False}
+    conn.rollback()
+    assert lanes(conn, schema) == expected_lanes(conn, schema)
 
 
 # -- priority ----------------------------------------------------------------------------------
@@ -327,11 +415,12 @@ def cyclic_walk(keys: set[str], after: str, walk: int) -> list[str]:
     after=st.integers(-1, 41).map(lambda n: "" if n < 0 else f"k{n:02d}"),
     limit=st.integers(1, 14),
 )
-def test_the_walk_visits_each_waiting_key_once_in_cyclic_order_from_the_cursor(
+def test_the_walk_visits_each_key_with_a_due_head_once_in_cyclic_order_from_the_cursor(
     make_outbox, database_url, schema, keys, scheduled, after, limit
 ):
-    """Whatever the keys and the cursor: a key whose heads wait only for their time is walked
-    too, and the walk stops at the key it began with, never reading it twice."""
+    """Whatever the keys and the cursor: each key with a due head is walked once, a key whose
+    heads wait only for their time is not walked at all, and the walk stops at the key it
+    began with, never reading it twice."""
     build(make_outbox)
     later = datetime.now(UTC) + timedelta(hours=1)
     with psycopg.connect(database_url, autocommit=True) as c:
@@ -342,7 +431,7 @@ def test_the_walk_visits_each_waiting_key_once_in_cyclic_order_from_the_cursor(
             enqueue(c, req(f"lane-{key}", f"idem-{key}", key, **when), schema=schema)
         ((_, _), (name, rows), *_) = rows_of_a_claim(c, schema, limit, cursor={NOTE.name: after})
     assert name == "claim_heads"
-    assert rows[0]["walked"] == cyclic_walk(keys, after, min(limit, 32))
+    assert (rows[0]["walked"] or []) == cyclic_walk(keys - scheduled, after, min(limit, 32))
 
 
 def probe_now(conn, schema: str, limit: int) -> list[ClaimedAction]:

@@ -162,8 +162,10 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
 -- and by priority and due time within a round.
 -- The walk: the keys that have waiting lane heads of the kind, up to `walk` of them, in key
 -- order from the first after `after`, wrapping around once; one probe of
--- ix_agent_action_lane_ready a key (a skip scan), however many heads a key has. A key whose
--- heads are all scheduled for later, busy or capped is still walked. The probes after the wrap
+-- ix_agent_action_lane_ready a key (a skip scan), however many heads a key has. That index holds
+-- no lane whose head is scheduled for later (the fold promotes it once due, 0031), so a key
+-- with only scheduled heads is never walked; a key whose heads are all busy (an erased write's
+-- hold) or capped still is. The probes after the wrap
 -- stop short of the first key, never reading it again: a probe steps over every index entry of
 -- the key it finds that is not yet marked dead, and while a long transaction elsewhere holds
 -- the vacuum horizon none is (one lane row an action run). It runs in this statement
@@ -234,12 +236,14 @@ WITH RECURSIVE paused AS (
               FROM ((SELECT l.head_limit_key AS k, l.head_priority AS p, l.head_due_at AS d
                        FROM {schema}.agent_action_lane l
                       WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                        AND NOT l.head_scheduled
                         AND l.head_kind = %(kind)s AND l.head_limit_key > %(after)s
                       ORDER BY l.head_limit_key, l.head_priority DESC, l.head_due_at LIMIT 1)
                     UNION ALL
                     (SELECT l.head_limit_key, l.head_priority, l.head_due_at
                        FROM {schema}.agent_action_lane l
                       WHERE l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                        AND NOT l.head_scheduled
                         AND l.head_kind = %(kind)s
                       ORDER BY l.head_limit_key, l.head_priority DESC, l.head_due_at LIMIT 1)) y
              LIMIT 1) s  -- the second probe runs only when the first found nothing
@@ -254,6 +258,7 @@ WITH RECURSIVE paused AS (
                       FROM {schema}.agent_action_lane l
                      WHERE w.k >= w.first
                        AND l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                       AND NOT l.head_scheduled
                        AND l.head_kind = %(kind)s AND l.head_limit_key > w.k
                      ORDER BY l.head_limit_key, l.head_priority DESC, l.head_due_at LIMIT 1)
                    UNION ALL
@@ -262,6 +267,7 @@ WITH RECURSIVE paused AS (
                       FROM {schema}.agent_action_lane l
                      WHERE w.k >= w.first
                        AND l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                       AND NOT l.head_scheduled
                        AND l.head_kind = %(kind)s AND l.head_limit_key < w.first
                      ORDER BY l.head_limit_key, l.head_priority DESC, l.head_due_at LIMIT 1)
                    UNION ALL
@@ -270,6 +276,7 @@ WITH RECURSIVE paused AS (
                       FROM {schema}.agent_action_lane l
                      WHERE w.k < w.first
                        AND l.executing_id IS NULL AND l.head_due_at IS NOT NULL
+                       AND NOT l.head_scheduled
                        AND l.head_kind = %(kind)s AND l.head_limit_key > w.k
                        AND l.head_limit_key < w.first
                      ORDER BY l.head_limit_key, l.head_priority DESC, l.head_due_at LIMIT 1)) y
@@ -326,6 +333,7 @@ WITH RECURSIVE paused AS (
                               FROM {schema}.agent_action_lane l
                              WHERE l.executing_id IS NULL
                                AND l.head_due_at IS NOT NULL
+                               AND NOT l.head_scheduled
                                AND l.head_due_at <= now()
                                -- an erased write may still run
                                AND (l.busy_until IS NULL OR l.busy_until <= now())
@@ -342,6 +350,7 @@ WITH RECURSIVE paused AS (
                               FROM {schema}.agent_action_lane l
                              WHERE l.executing_id IS NULL
                                AND l.head_due_at IS NOT NULL
+                               AND NOT l.head_scheduled
                                AND l.head_due_at <= now()
                                AND (l.busy_until IS NULL OR l.busy_until <= now())
                                AND l.head_kind = %(kind)s
