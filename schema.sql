@@ -71,14 +71,14 @@ $$;
 
 -- function agent_action_claim_round_state(integer, text[])
 
-CREATE FUNCTION outbox.agent_action_claim_round_state(p_limit integer, p_kinds text[], OUT folded integer, OUT paused text[], OUT executing json, OUT waiting text[]) RETURNS record
+CREATE FUNCTION outbox.agent_action_claim_round_state(p_limit integer, p_kinds text[], OUT folded integer, OUT paused text[], OUT executing json, OUT waiting text[], OUT next_due_in double precision) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'outbox'
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 BEGIN
-    SELECT agent_action_lane_intake(p_limit),
-           (SELECT coalesce(array_agg(p.kind), '{}') FROM agent_action_kind_pause p),
+    folded := agent_action_lane_intake(p_limit);
+    SELECT (SELECT coalesce(array_agg(p.kind), '{}') FROM agent_action_kind_pause p),
            (SELECT coalesce(json_agg(e), '[]')
               FROM (SELECT a.kind,
                            count(*) FILTER (WHERE a.lease_until > now()) AS n,
@@ -89,8 +89,14 @@ BEGIN
                       FROM agent_action a
                      WHERE a.state = 'EXECUTING'
                      GROUP BY a.kind) e),
-           agent_action_kinds_waiting(p_kinds)
-      INTO folded, paused, executing, waiting;
+           agent_action_kinds_waiting(p_kinds),
+           -- The first entry of ix_agent_action_lane_scheduled of one of these kinds.
+           (SELECT extract(epoch FROM s.head_due_at - clock_timestamp())::double precision
+              FROM agent_action_lane s
+             WHERE s.head_scheduled AND s.head_kind = ANY (p_kinds)
+             ORDER BY s.head_due_at
+             LIMIT 1)
+      INTO paused, executing, waiting, next_due_in;
 END;
 $$;
 

@@ -32,6 +32,8 @@ SCENARIOS: dict[str, str] = {
     "rabbitmq": "benchmarks.rabbitmq",
     "latency": "benchmarks.latency",
     "hot-lane": "benchmarks.hot_lane",
+    # Scheduled actions (not_before) to an idle pool: how late each starts after its time.
+    "scheduled": "benchmarks.scheduled",
     "wal": "benchmarks.wal",
     "priority": "benchmarks.limits:run_priority",
     "fair": "benchmarks.limits:run_fair",

@@ -16,7 +16,7 @@
 -- ix_agent_action_lane_scheduled, in due order, up to the fold's batch, skipping a lane row
 -- another transaction holds), and counts them with the lanes it folded, so a claimer that
 -- promoted a full batch looks again at once. A scheduled action is claimed at the first claim
--- after its time, as before.
+-- after its time, and a claimer's round now says when that is (the end of this file).
 --
 -- The column is added with its default (no rewrite); the lanes whose head is scheduled now are
 -- marked, and the claim's index is built again (the lane table holds a row only while an action
@@ -443,5 +443,42 @@ BEGIN
         PERFORM agent_action_lane_refresh(k) FROM unnest(idle) AS k ORDER BY k;
     END IF;
     RETURN NULL;
+END;
+$$;
+
+-- A dispatch claim round's first look (0018) also says how long until the soonest scheduled head
+-- of its kinds comes due (`next_due_in`, seconds by the database's clock at this moment; NULL
+-- when none is scheduled): an idle claimer wakes for it rather than at its next poll, so a
+-- scheduled action or a retry's back-off runs on time. The fold now runs in a statement of its
+-- own, first, so that the look after it sees the lanes it promoted; the counts still read a
+-- snapshot taken after the claim lock was granted.
+DROP FUNCTION agent_action_claim_round_state(integer, text[]);
+CREATE FUNCTION agent_action_claim_round_state(
+    p_limit integer, p_kinds text[],
+    OUT folded integer, OUT paused text[], OUT executing json, OUT waiting text[],
+    OUT next_due_in double precision)
+LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    folded := agent_action_lane_intake(p_limit);
+    SELECT (SELECT coalesce(array_agg(p.kind), '{}') FROM agent_action_kind_pause p),
+           (SELECT coalesce(json_agg(e), '[]')
+              FROM (SELECT a.kind,
+                           count(*) FILTER (WHERE a.lease_until > now()) AS n,
+                           count(*) FILTER (WHERE a.lease_until <= now()
+                                              AND a.taken_epoch IS DISTINCT FROM a.epoch)
+                               AS unconsumed,
+                           count(*) FILTER (WHERE a.lease_until <= now()) AS expired
+                      FROM agent_action a
+                     WHERE a.state = 'EXECUTING'
+                     GROUP BY a.kind) e),
+           agent_action_kinds_waiting(p_kinds),
+           -- The first entry of ix_agent_action_lane_scheduled of one of these kinds.
+           (SELECT extract(epoch FROM s.head_due_at - clock_timestamp())::double precision
+              FROM agent_action_lane s
+             WHERE s.head_scheduled AND s.head_kind = ANY (p_kinds)
+             ORDER BY s.head_due_at
+             LIMIT 1)
+      INTO paused, executing, waiting, next_due_in;
 END;
 $$;

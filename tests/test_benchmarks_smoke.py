@@ -118,6 +118,8 @@ def test_each_scenario_reports_every_key_and_drops_its_schema(
         # The lanes scenarios (ours and procrastinate's) enqueue while the pool runs: no error.
         assert row.get("enqueue_errors", 0) == 0, row
         assert row["ratio"] > 0 and math.isfinite(row["ratio"])
+        if row["scenario"] == "scheduled":
+            assert row["early"] == 0, row  # none started before its not_before
         if row["scenario"] in CPU_REPORTED:
             assert row["postgres_cpu_ms_per_action"] > 0, row
             assert row["total_cpu_ms_per_action"] >= row["postgres_cpu_ms_per_action"], row

@@ -169,17 +169,20 @@ def test_a_claimers_round_claims_a_scheduled_action_in_the_round_after_its_time(
     scheduled = enqueue(conn, req("L", "soon", not_before=soon), schema=schema)
     conn.commit()
 
-    def one_round() -> list[int]:
+    def one_round() -> tuple[list[int], float | None]:
         with psycopg.connect(conn.info.dsn) as c:
             op = bounded_claim_operation(schema, [NOTE.name], 64, 100, LEASE, ConsumptionWatch())
             with c.transaction():
-                return [x.action.id for x in run_sync(c, op).claimed]
+                took = run_sync(c, op)
+                return [x.action.id for x in took.claimed], took.next_due_in
 
-    assert one_round() == []
+    claimed, due_in = one_round()
+    # Nothing claimed; the round says how long until the head comes due (the claimer's wait).
+    assert claimed == [] and due_in is not None and 0 < due_in <= 0.5
     assert scheduled_flags(conn, schema) == {"L": True}
     conn.rollback()
     time.sleep(0.6)
-    assert one_round() == [scheduled.id]
+    assert one_round() == ([scheduled.id], None)
 
 
 def test_the_fold_promotes_due_scheduled_lanes_a_batch_at_a_time_and_never_waits(

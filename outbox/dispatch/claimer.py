@@ -63,6 +63,9 @@ log = logging.getLogger("outbox.claimer")
 #: While actions are in flight, their ends free capacity and lane successors without any NOTIFY,
 #: so the claimer looks again this often (a count and a claim: a few cheap statements).
 BUSY_POLL = 0.05
+#: How long after a scheduled head's due time an idle claimer wakes for it: the round's fold
+#: promotes the lanes due by its transaction's start, which must come after the due time.
+SCHEDULED_SLACK = 0.002
 #: Longest single wait, so a stop request is seen promptly even while nothing happens.
 WAIT_SLICE = 0.25
 #: The claimer's one loop, as its health reports it.
@@ -85,6 +88,9 @@ class Round:
     #: Some kind's claim left room that keys with more due heads than their share could take
     #: (``HeadsClaimed.room_for_more``): the next round claims it, at once.
     room_left: bool = False
+    #: Seconds until the soonest scheduled lane head of the claimer's kinds comes due (a
+    #: ``not_before``, a back-off), by the database's clock; None when none is scheduled.
+    next_due_in: float | None = None
 
     @property
     def more_due(self) -> bool:
@@ -132,6 +138,8 @@ class ClaimPlan:
     folded: int
     paused: frozenset[str]
     probing: frozenset[str]
+    #: As ``Round.next_due_in``.
+    next_due_in: float | None = None
 
     @property
     def statements(self) -> list[Statement]:
@@ -153,6 +161,7 @@ class ClaimPlan:
             folded=self.folded,
             paused=self.paused,
             room_left=bool(firsts.fills),
+            next_due_in=self.next_due_in,
         )
 
 
@@ -246,6 +255,7 @@ def plan_claim_round(
         folded=intake.folded,
         paused=intake.paused,
         probing=frozenset(probing),
+        next_due_in=state["next_due_in"],
     )
 
 
@@ -553,6 +563,12 @@ class Claimer:
                         continue
                     if result.busy:
                         wait = min(wait, BUSY_POLL)
+                    if result.next_due_in is not None:
+                        # Wake as the soonest scheduled head comes due, not at the next poll;
+                        # one due already was passed over by the fold (another transaction
+                        # held its lane row): look again at the busy pace, not in a spin.
+                        due_in = result.next_due_in
+                        wait = min(wait, due_in + SCHEDULED_SLACK if due_in > 0 else BUSY_POLL)
                 except ClaimLockBusy:
                     wait = BUSY_POLL  # logged; the holder's session ends soon
                     self.health.beat(ROUNDS)
