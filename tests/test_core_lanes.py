@@ -166,6 +166,10 @@ OPERATIONS = st.lists(
             [
                 "enqueue",
                 "propose",
+                # Scheduled for an hour from now: its lane waits outside the claims' index.
+                "schedule",
+                # Every waiting action of the lane due now (as outbox.testing.make_due does).
+                "due-now",
                 "admit",
                 "claim",
                 "done",
@@ -202,11 +206,20 @@ def test_lane_rows_always_equal_what_the_actions_say(lane_db, schema, operations
     conn.execute("DELETE FROM agent_action")
     for n, (op, lane_no) in enumerate(operations):
         lane = f"L{lane_no}"
-        if op in ("enqueue", "propose"):
+        if op in ("enqueue", "propose", "schedule"):
+            later = (
+                {"not_before": datetime.now(UTC) + timedelta(hours=1)} if op == "schedule" else {}
+            )
             enqueue(
                 conn,
-                request(lane, f"h{n}-{lane}-{id(operations)}", proposal=op == "propose"),
+                request(lane, f"h{n}-{lane}-{id(operations)}", proposal=op == "propose", **later),
                 schema=schema,
+            )
+        elif op == "due-now":
+            conn.execute(
+                "UPDATE agent_action SET available_at = now()"
+                " WHERE lane_key = %s AND state = 'ADMITTED'",
+                (lane,),
             )
         elif op == "admit":
             conn.execute(
