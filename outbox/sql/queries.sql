@@ -160,19 +160,18 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
 -- key's concurrency cap (`key_cap`, NULL for none) leaves less room beside its executing
 -- actions; then up to `limit` of them, each key's first before any key's second (round robin),
 -- and by priority and due time within a round.
--- The walk: the keys that have waiting lane heads of the kind, up to `walk` of them, in key
--- order from the first after `after`, wrapping around once; one probe of
--- ix_agent_action_lane_ready a key (a skip scan), however many heads a key has. That index holds
--- no lane whose head is scheduled for later (the fold promotes it once due, 0031), so a key
--- with only scheduled heads is never walked; a key whose heads are all busy (an erased write's
--- hold) or capped still is. The probes after the wrap
--- stop short of the first key, never reading it again: a probe steps over every index entry of
--- the key it finds that is not yet marked dead, and while a long transaction elsewhere holds
--- the vacuum horizon none is (one lane row an action run). It runs in this statement
--- (not one of its own) so that a claim is one round trip; its first row carries the keys claimed
--- over (`walked`, for the caller's round robin; NULL on the others: 32 keys on each of 100 rows
--- were 3,200 strings to write and parse), and a claim that found nothing returns one row of
--- NULLs with them.
+-- The walk: the keys that have due lane heads of the kind, up to `walk` of them, in key order
+-- from the first after `after`, wrapping around once; one probe of ix_agent_action_lane_ready a
+-- key (a skip scan), however many heads a key has. That index holds no lane whose head is
+-- scheduled for later (the fold promotes it once due, 0031), so a key with only scheduled heads
+-- is never walked; a key whose heads are all busy (an erased write's hold) or capped still is.
+-- The probes after the wrap stop short of the first key, never reading it again: a probe steps
+-- over every index entry of the key it finds that is not yet marked dead, and while a long
+-- transaction elsewhere holds the vacuum horizon none is (one lane row an action run). It runs
+-- in this statement (not one of its own) so that a claim is one round trip; its first row
+-- carries the keys claimed over (`walked`, for the caller's round robin; NULL on the others: 32
+-- keys on each of 100 rows were 3,200 strings to write and parse), and a claim that found
+-- nothing returns one row of NULLs with them.
 -- Each claim names its claimer (`claimer`: its heartbeat process id; NULL in process), whose
 -- untaken claims another claimer gives back once its heartbeat stops
 -- (release_claims_of_lost_claimers), and names no worker (taken_by: a new epoch nobody took).
@@ -573,7 +572,8 @@ SELECT set_config('lock_timeout', %(lock_timeout)s, true),
 -- executing_by_kind, as a JSON array, with how many leases ran out: what claim_heads' reclaims
 -- would take) in one statement, one round trip. `waiting`: which of `kinds` have a lane head
 -- waiting (migration 0013: it runs after the fold and sees its heads), so the round sends no
--- claim statement for a kind with nothing to claim. The counts read a snapshot taken after the
+-- claim statement for a kind with nothing to claim. `next_due_in`: seconds until the soonest
+-- scheduled lane head of `kinds` comes due, NULL for none (0031), for the claimer's wait. The counts read a snapshot taken after the
 -- lock was granted (never in the statement that waits for it), so they include every claim
 -- another claimer committed before. A function (migration 0018), so that the server plans its
 -- query once a session: the round sends it in a simple-protocol query, which is planned anew
