@@ -90,12 +90,15 @@ BEGIN
                      WHERE a.state = 'EXECUTING'
                      GROUP BY a.kind) e),
            agent_action_kinds_waiting(p_kinds),
-           -- The first entry of ix_agent_action_lane_scheduled of one of these kinds.
-           (SELECT extract(epoch FROM s.head_due_at - clock_timestamp())::double precision
-              FROM agent_action_lane s
-             WHERE s.head_scheduled AND s.head_kind = ANY (p_kinds)
-             ORDER BY s.head_due_at
-             LIMIT 1)
+           -- One probe of ix_agent_action_lane_scheduled_kind a kind: its first entry.
+           (SELECT extract(epoch FROM min(n.due) - clock_timestamp())::double precision
+              FROM unnest(p_kinds) AS k(kind)
+             CROSS JOIN LATERAL (
+                   SELECT s.head_due_at AS due
+                     FROM agent_action_lane s
+                    WHERE s.head_scheduled AND s.head_kind = k.kind
+                    ORDER BY s.head_due_at
+                    LIMIT 1) n)
       INTO paused, executing, waiting, next_due_in;
 END;
 $$;
@@ -1142,6 +1145,10 @@ CREATE INDEX ix_agent_action_lane_ready ON outbox.agent_action_lane USING btree 
 -- index ix_agent_action_lane_scheduled
 
 CREATE INDEX ix_agent_action_lane_scheduled ON outbox.agent_action_lane USING btree (head_due_at) WHERE head_scheduled;
+
+-- index ix_agent_action_lane_scheduled_kind
+
+CREATE INDEX ix_agent_action_lane_scheduled_kind ON outbox.agent_action_lane USING btree (head_kind, head_due_at) WHERE head_scheduled;
 
 -- index ix_agent_action_lane_waiting
 

@@ -31,7 +31,11 @@ CREATE INDEX ix_agent_action_lane_ready
     ON agent_action_lane (head_kind, head_limit_key, head_priority DESC, head_due_at)
     WHERE executing_id IS NULL AND head_due_at IS NOT NULL AND NOT head_scheduled;
 
+-- The promote's (all kinds, in due order) and the claim round's soonest due time of each of its
+-- kinds (a claimer may serve some kinds only: another's scheduled lanes are not stepped over).
 CREATE INDEX ix_agent_action_lane_scheduled ON agent_action_lane (head_due_at)
+    WHERE head_scheduled;
+CREATE INDEX ix_agent_action_lane_scheduled_kind ON agent_action_lane (head_kind, head_due_at)
     WHERE head_scheduled;
 
 -- The scheduled lanes whose head has come due, up to p_limit of them in due order, join the
@@ -473,12 +477,15 @@ BEGIN
                      WHERE a.state = 'EXECUTING'
                      GROUP BY a.kind) e),
            agent_action_kinds_waiting(p_kinds),
-           -- The first entry of ix_agent_action_lane_scheduled of one of these kinds.
-           (SELECT extract(epoch FROM s.head_due_at - clock_timestamp())::double precision
-              FROM agent_action_lane s
-             WHERE s.head_scheduled AND s.head_kind = ANY (p_kinds)
-             ORDER BY s.head_due_at
-             LIMIT 1)
+           -- One probe of ix_agent_action_lane_scheduled_kind a kind: its first entry.
+           (SELECT extract(epoch FROM min(n.due) - clock_timestamp())::double precision
+              FROM unnest(p_kinds) AS k(kind)
+             CROSS JOIN LATERAL (
+                   SELECT s.head_due_at AS due
+                     FROM agent_action_lane s
+                    WHERE s.head_scheduled AND s.head_kind = k.kind
+                    ORDER BY s.head_due_at
+                    LIMIT 1) n)
       INTO paused, executing, waiting, next_due_in;
 END;
 $$;

@@ -185,6 +185,61 @@ def test_a_claimers_round_claims_a_scheduled_action_in_the_round_after_its_time(
     assert one_round() == ([scheduled.id], None)
 
 
+def test_a_round_says_when_the_soonest_scheduled_head_of_its_own_kinds_comes_due(
+    make_outbox, conn, schema
+):
+    """Another kind's scheduled lanes (a claimer that serves some kinds only) do not count, and
+    are not stepped over: the round reads one index entry a kind."""
+    ob = build(make_outbox)
+    other = ActionKind("OTHER")
+    ob.declare(other)
+    ob.migrate()
+    now = db_now(conn)
+    enqueue_many(
+        conn,
+        [
+            ActionRequest(
+                other,
+                lane_key=f"o{i}",
+                idempotency_key=f"o{i}",
+                workspace_id="w",
+                not_before=now + timedelta(minutes=1, seconds=i),
+            )
+            for i in range(2_000)
+        ],
+        schema=schema,
+    )
+    enqueue(conn, req("L", "mine", not_before=now + timedelta(hours=1)), schema=schema)
+    conn.commit()
+
+    def next_due_in(kinds: list[str]) -> float | None:
+        with psycopg.connect(conn.info.dsn) as c:
+            op = bounded_claim_operation(schema, kinds, 64, 100, LEASE, ConsumptionWatch())
+            with c.transaction():
+                due_in = run_sync(c, op).next_due_in
+            c.execute("SELECT pg_stat_force_next_flush()")
+            c.commit()
+            return due_in
+
+    def lane_entries_read() -> int:
+        with psycopg.connect(conn.info.dsn, autocommit=True) as c:
+            (read,) = c.execute(
+                "SELECT sum(idx_tup_read) FROM pg_stat_user_indexes"
+                " WHERE schemaname = %s AND relname = 'agent_action_lane'",
+                (schema,),
+            ).fetchone() or (None,)
+            return int(read)
+
+    before = lane_entries_read()
+    mine = next_due_in([NOTE.name])
+    assert mine is not None and 3_590 < mine <= 3_600
+    # The fold's promote, the kinds with heads waiting and the soonest due time: a few entries
+    # of the lane table's indexes, not the other kind's 2,000.
+    assert lane_entries_read() - before < 20
+    both = next_due_in([NOTE.name, other.name])
+    assert both is not None and 50 < both <= 60
+
+
 def test_the_fold_promotes_due_scheduled_lanes_a_batch_at_a_time_and_never_waits(
     make_outbox, conn, schema, database_url
 ):
