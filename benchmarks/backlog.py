@@ -9,6 +9,12 @@ is large, exactly when the outbox must catch up. ``ratio`` is the large backlog'
 over the small one's, the two taken in turns (small, large, small: the large one's rate over the
 mean of the two small ones'); at 1.0 the rate does not depend on how much waits.
 
+``backlog-scheduled``: the small backlog again, but scheduled: enqueued with one ``not_before``
+for all (a newsletter or reminders set for 9:00) while the claimer and the pool already run,
+idle; its drain is timed from that time. ``ratio`` is its steady rate over the small backlog's:
+at 1.0 a burst of scheduled actions coming due at once drains as a backlog does (the claims'
+fold moves the lanes into the claims' index as they come due, 5,000 a claim).
+
 The steady rate leaves out the processes' start and the last stragglers: the actions that ended
 between the 5th and the 95th percentile of the end times, over that span (database clock).
 p50/p99 are the end times from the processes' start, over the whole backlog (the first drain
@@ -20,7 +26,9 @@ backlog's).
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
 
 import psycopg
 
@@ -43,6 +51,9 @@ from outbox import enqueue_many
 PER_STATEMENT = 1_000
 #: Seconds a backlog may take to drain.
 TIMEOUT = 1_200.0
+#: Seconds from the scheduled backlog's enqueue to its ``not_before`` (its enqueue takes about
+#: one for 20,000 actions).
+SCHEDULED_LEAD = 8.0
 #: The share of the end times left out at each end of the drain (start-up, stragglers).
 TRIM = 0.05
 
@@ -58,11 +69,14 @@ class Drain:
     cpu_ms: dict[str, float | None]
 
 
-def _enqueue(schema: str, n: int) -> None:
+def _enqueue(schema: str, n: int, not_before: datetime | None = None) -> None:
     with psycopg.connect(DATABASE_URL) as conn:
         for start in range(0, n, PER_STATEMENT):
             batch = range(start, min(n, start + PER_STATEMENT))
-            enqueue_many(conn, [noop_request(f"backlog-{i}", i=i) for i in batch], schema=schema)
+            requests = [
+                replace(noop_request(f"backlog-{i}", i=i), not_before=not_before) for i in batch
+            ]
+            enqueue_many(conn, requests, schema=schema)
             conn.commit()
     with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
         conn.execute(f'VACUUM ANALYZE "{schema}".agent_action')
@@ -79,13 +93,35 @@ def drain(n: int) -> Drain:
             claimer = r.claimer(wait=False)
             cpu = CpuMeter(services_for(REDIS_URL), claimer=claimer.pid, workers=workers.pid)
             cpu.start()
-            wait_until(lambda: all_ended(watch, schema), TIMEOUT, "backlog not drained", 0.05)
-            cpu.stop()
-            rows = watch.execute(
-                f"SELECT extract(epoch FROM ended_at - %s)::float8, state"
-                f' FROM "{schema}".agent_action ORDER BY ended_at',
-                (started_at,),
-            ).fetchall()
+            return _drained(n, schema, watch, started_at, cpu)
+
+
+def drain_scheduled(n: int, lead: float) -> Drain:
+    """``n`` one-action lanes enqueued with one ``not_before``, ``lead`` seconds ahead, while a
+    claimer and a pool run idle; timed from that ``not_before``."""
+    with bench_schema("backlog_scheduled") as schema:
+        migrated_outbox(schema)
+        with rig(schema) as r, psycopg.connect(DATABASE_URL, autocommit=True) as watch:
+            pids = r.idle_outbox()
+            due = watch.execute("SELECT now() + %s * interval '1 second'", (lead,)).fetchone()
+            assert due is not None
+            _enqueue(schema, n, due[0])
+            cpu = CpuMeter(services_for(REDIS_URL), **pids)
+            cpu.start()
+            return _drained(n, schema, watch, due[0], cpu)
+
+
+def _drained(
+    n: int, schema: str, watch: psycopg.Connection[Any], started_at: datetime, cpu: CpuMeter
+) -> Drain:
+    """Waits for every action of ``schema`` to end; the drain from ``started_at``."""
+    wait_until(lambda: all_ended(watch, schema), TIMEOUT, "backlog not drained", 0.05)
+    cpu.stop()
+    rows = watch.execute(
+        f"SELECT extract(epoch FROM ended_at - %s)::float8, state"
+        f' FROM "{schema}".agent_action ORDER BY ended_at',
+        (started_at,),
+    ).fetchall()
     states = {state for _, state in rows}
     if states != {"DONE"}:
         raise AssertionError(f"backlog: not every action ended DONE: {states}")
@@ -98,7 +134,13 @@ def drain(n: int) -> Drain:
     return Drain(n=n, steady_per_s=steady, ends=ends, cpu_ms=cpu.per_action_ms(n))
 
 
-def _row(scenario: str, drains: list[Drain], ratio: float, ratio_to: str) -> Result:
+def _row(
+    scenario: str,
+    drains: list[Drain],
+    ratio: float,
+    ratio_to: str,
+    latency_is: str = "each end, from the claimer's and the pool's start",
+) -> Result:
     one = drains[0]
     return Result(
         scenario=scenario,
@@ -109,7 +151,7 @@ def _row(scenario: str, drains: list[Drain], ratio: float, ratio_to: str) -> Res
         ratio=round(ratio, 3),
         ratio_to=ratio_to,
         extra={
-            "latency_is": "each end, from the claimer's and the pool's start",
+            "latency_is": latency_is,
             "steady_is": f"ends between the {TRIM:.0%} and {1 - TRIM:.0%} percentiles",
             "drains_per_s": [round(d.steady_per_s, 1) for d in drains],
             "drain_s": round(one.ends[-1], 2),
@@ -124,8 +166,16 @@ def run(scale: Scale) -> list[Result]:
     before = drain(small_n)
     large = drain(large_n)
     after = drain(small_n)
+    scheduled = drain_scheduled(small_n, SCHEDULED_LEAD)
     small_per_s = statistics.mean([before.steady_per_s, after.steady_per_s])
     return [
         _row("backlog-small", [before, after], 1.0, "backlog-small"),
         _row("backlog-large", [large], large.steady_per_s / small_per_s, "backlog-small"),
+        _row(
+            "backlog-scheduled",
+            [scheduled],
+            scheduled.steady_per_s / small_per_s,
+            "backlog-small",
+            "each end, from the actions' not_before",
+        ),
     ]
