@@ -197,6 +197,7 @@ def plan_claim_round(
     intake = Intake(int(state["folded"]), frozenset(state["paused"]))
     counts = {row["kind"]: row for row in state["executing"]}
     heads_waiting = frozenset(state["waiting"])
+    next_due_in: float | None = state["next_due_in"]
     leases_expired = frozenset(kind for kind, row in counts.items() if int(row["expired"]))
     current: dict[str, int] = {}
     limits: dict[str, int] = {}
@@ -214,8 +215,8 @@ def plan_claim_round(
                 waiting, expired = unconsumed > 0, True
             else:
                 params = {"id": probe.action_id, "epoch": probe.epoch}
-                (state,) = yield Statement(q["probe_state"], params)
-                waiting, expired = state["waiting"], state["expired"]
+                (probed,) = yield Statement(q["probe_state"], params)
+                waiting, expired = probed["waiting"], probed["expired"]
             if not waiting:
                 watch.resume(kind, in_flight)
             else:
@@ -255,7 +256,7 @@ def plan_claim_round(
         folded=intake.folded,
         paused=intake.paused,
         probing=frozenset(probing),
-        next_due_in=state["next_due_in"],
+        next_due_in=next_due_in,
     )
 
 
