@@ -8,12 +8,13 @@ writes is what makes the checks sound:
 - ``start`` commits before the adapter does anything, so an attempt without a row did nothing;
 - ``fence_asked_at`` commits before ``begin_write()`` is called, so a fence that passed was asked
   no earlier than that time (an erasure committed before it must make the fence refuse);
-- ``stop`` commits after the adapter is done, so an attempt without ``stopped_at`` was killed
-  (its process group's kill time closes its interval). Its time is read in the process as the
-  adapter is done, not by the server as the row is written: the write may wait (for a connection
-  a database restart broke, or behind the other processes on the cores), and a stop stamped
-  then stretched the interval past the next attempt's start. Every process of the soak and its
-  PostgreSQL run on one machine, so the two clocks are one.
+- ``stop`` commits after the adapter is done and before the executor writes its result (it is
+  retried until the database takes it), so an attempt without ``stopped_at`` was killed or cut
+  (its process group's kill time or its deadline closes its interval). Its time is read in the
+  process as the adapter is done, not by the server as the row is written: the write may wait
+  (for a connection a database restart broke, or behind the other processes on the cores), and
+  a stop stamped then stretched the interval past the next attempt's start. Every process of
+  the soak and its PostgreSQL run on one machine, so the two clocks are one.
 
 Each process also records when its event loop ran a timer late (``stall``): a lease's cut is a
 loop timer, so a loop the machine starved cuts its attempt as late, and the checks may find an
@@ -37,6 +38,8 @@ from outbox import ActionAttempt, Result
 #: How often each process's loop is sampled, and how late a sample must be to count as a stall.
 STALL_SAMPLE = 0.05
 STALL = 0.1
+#: How long a stop that met the database down waits before it is written again.
+STOP_RETRY = 0.1
 
 
 class Recorder:
@@ -133,14 +136,23 @@ class Recorder:
             )
 
     async def stop(self, row: int, result: str, at: datetime) -> None:
-        """``at``: when the adapter was done (the process's clock)."""
-        # Not written while the database is down: the checks end the interval at its process's
-        # end or its deadline instead.
-        with suppress(psycopg.Error, OSError):
-            await self._execute(
-                f"UPDATE {self.t} SET stopped_at = %s, result = %s WHERE id = %s",
-                (at, result, row),
-            )
+        """``at``: when the adapter was done (the process's clock).
+
+        Retried until it is written, so that it commits before the executor's finish can (both
+        wait for the same database): a stop lost to a restart while the finish, retried, went
+        through released the lane with the attempt still open in the record, and a kill of the
+        process later stretched its interval over the next action of its lane. A kill or a cut
+        during the retries leaves the interval to its process's end or its deadline, both of
+        which come before the lane can be claimed again (the finish was not written)."""
+        while True:
+            try:
+                await self._execute(
+                    f"UPDATE {self.t} SET stopped_at = %s, result = %s WHERE id = %s",
+                    (at, result, row),
+                )
+                return
+            except (psycopg.Error, OSError):
+                await asyncio.sleep(STOP_RETRY)
 
 
 class RecordedFence:
