@@ -38,7 +38,7 @@ from benchmarks.common import (
 )
 from outbox._io import run_sync
 from outbox.queries import queries_for
-from outbox.store import FAIR_KEYS_PER_CLAIM, claim_operation
+from outbox.store import CAPPED_KEYS_PER_CLAIM, FAIR_KEYS_PER_CLAIM, claim_operation
 
 #: The claim batch the issue names (and the default ``batch_size``).
 BATCH = 100
@@ -208,6 +208,7 @@ def explain_claim_heads(
                 "keys": None,
                 "after": "",
                 "walk": FAIR_KEYS_PER_CLAIM,
+                "steps": FAIR_KEYS_PER_CLAIM + CAPPED_KEYS_PER_CLAIM,
                 "per_key": None,
                 "key_cap": key_cap,
             },

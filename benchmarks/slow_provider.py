@@ -1,6 +1,15 @@
 """``slow-provider-1``, ``-2``, ``-4``: every provider call takes 200 ms (the adapter passes its
 fence, then ``await asyncio.sleep(0.2)``, then ``Done``), end to end through a real ``outbox
-claimer`` and a real ``outbox worker`` pool of 1, 2 and 4 processes.
+claimer`` and a real ``outbox worker`` pool of 1, 2 and 4 processes; ``slow-provider-key-cap-128``
+runs the 2-process pool's 128 slots over 128 workspaces, each capped at one action at a time
+(``key_concurrency=1``, as an SMTP relay that allows one connection an account): the same ideal
+of 640 a second. Each workspace's next action is claimed only once its last ended, so a claim
+takes the few that ended since the claimer's last look and its messages carry a few actions
+each: a thread holds a message until all its actions end, so the pool runs nearer its 16
+threads' worth at once than its 128 slots. ``slow-provider-key-cap-128-32t`` runs the same with
+32 threads a process (docs/scaling.md: size threads to the keys' caps under a key cap).
+``key_end_to_claim_p50_ms``: how long a workspace waited from one attempt's end to its next
+claim.
 
 A pool runs at most ``processes x threads x actions a message`` attempts at once (a thread runs
 one message at a time, the actions of a message run concurrently on the process's event loop),
@@ -23,12 +32,14 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 import psycopg
 
 from benchmarks.common import (
     DATABASE_URL,
+    NOOP,
     Result,
     Scale,
     all_ended,
@@ -40,7 +51,7 @@ from benchmarks.common import (
 )
 from benchmarks.cpu import CpuMeter
 from benchmarks.rig import ACTIONS_PER_MESSAGE, rig, wait_until
-from outbox import Outbox
+from outbox import ActionRequest, Outbox
 
 #: How long each provider call takes.
 PROVIDER_S = 0.2
@@ -51,6 +62,10 @@ POOL_SIZES = (1, 2, 4)
 #: rows show the pool's concurrency below the CPU ceiling and then the ceiling itself
 #: (``cpu_bound_per_s`` says where it was in each run).
 THREADS = 8
+#: Threads a worker process of the second key-cap row: under a key cap a claim takes what ended
+#: since the claimer's last look, so its messages carry a few actions and a pool runs about as
+#: many attempts at once as it has threads; 2 x 32 threads cover the 128 keys.
+KEY_CAP_THREADS = 32
 #: The in-flight bound over the pool's concurrency: room for a second message a thread, waiting
 #: in the broker (docs/scaling.md, "Sizing pools for slow providers").
 IN_FLIGHT_PER_SLOT = 2
@@ -62,17 +77,24 @@ TINY = 0.1
 PER_CALL = 1000
 
 
-def slots(processes: int) -> int:
+def slots(processes: int, threads: int = THREADS) -> int:
     """Attempts the pool runs at once."""
-    return processes * THREADS * ACTIONS_PER_MESSAGE
+    return processes * threads * ACTIONS_PER_MESSAGE
 
 
-def _enqueue(outbox: Outbox, n: int) -> float:
-    """``n`` actions, one lane each, in one transaction; the wall-clock time of its commit."""
+def _request(i: int, keys: int | None) -> ActionRequest:
+    """The ``i``-th action: a lane of its own; with ``keys``, in workspace ``i % keys``."""
+    request = noop_request(f"slow-{i}", f"lane-{i}", i)
+    return request if keys is None else replace(request, workspace_id=f"ws-{i % keys:04d}")
+
+
+def _enqueue(outbox: Outbox, n: int, keys: int | None = None) -> float:
+    """``n`` actions, one lane each (over ``keys`` workspaces when given, else one), in one
+    transaction; the wall-clock time of its commit."""
     with psycopg.connect(DATABASE_URL) as conn:
         for start in range(0, n, PER_CALL):
             batch = range(start, min(n, start + PER_CALL))
-            outbox.enqueue_many(conn, [noop_request(f"slow-{i}", f"lane-{i}", i) for i in batch])
+            outbox.enqueue_many(conn, [_request(i, keys) for i in batch])
         conn.commit()
         return time.time()
 
@@ -100,24 +122,46 @@ def _phases(conn: psycopg.Connection[Any], schema: str) -> dict[str, float | Non
     }
 
 
-def run_pool(scale: Scale, processes: int) -> Result:
-    concurrency = slots(processes)
+def _key_idle(conn: psycopg.Connection[Any], schema: str) -> float | None:
+    """Under a key cap of one: p50 of the time a workspace waited between one attempt's end and
+    its next attempt's claim (the claimer's look, its claim and the next push's start)."""
+    row = conn.execute(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM idle))"
+        " FROM (SELECT t.claimed_at - lag(t.ended_at) OVER"
+        " (PARTITION BY a.workspace_id ORDER BY t.claimed_at) AS idle"
+        f' FROM "{schema}".agent_action_attempt t'
+        f' JOIN "{schema}".agent_action a ON a.id = t.action_id) x WHERE idle IS NOT NULL'
+    ).fetchone()
+    return None if row is None or row[0] is None else ms(row[0])
+
+
+def run_pool(
+    scale: Scale, processes: int, keys: int | None = None, threads: int = THREADS
+) -> Result:
+    """``keys``: the actions are spread over that many workspaces, each capped at one action
+    at a time (``key_concurrency=1``): the ideal is then that many calls every 200 ms, or the
+    pool's concurrency if lower."""
+    concurrency = slots(processes, threads)
     n = concurrency * scale.n(*WAVES, floor=2)
-    ideal = concurrency / PROVIDER_S
+    ideal = min(concurrency, keys or concurrency) / PROVIDER_S
     settings = {
         "BENCH_PROVIDER_SECONDS": str(PROVIDER_S),
         "OUTBOX_IN_FLIGHT": str(concurrency * IN_FLIGHT_PER_SLOT),
     }
+    if keys is not None:
+        settings["OUTBOX_LIMITS"] = f"{NOOP.name}: key_concurrency=1"
     load = os.getloadavg()[0]
     name = f"slow-provider-{processes}"
+    if keys is not None:
+        name = f"slow-provider-key-cap-{keys}" + ("" if threads == THREADS else f"-{threads}t")
     with bench_schema(name) as schema, rig(schema, **settings) as r:
         outbox = migrated_outbox(schema)
-        workers = r.outbox_workers(processes=processes, threads=THREADS)
+        workers = r.outbox_workers(processes=processes, threads=threads)
         cpu = CpuMeter(claimer=r.claimer().pid, workers=workers.pid)
         table = f'"{schema}".agent_action'
         with psycopg.connect(DATABASE_URL, autocommit=True) as watch:
             cpu.start()
-            committed = _enqueue(outbox, n)
+            committed = _enqueue(outbox, n, keys)
             wait_until(lambda: all_ended(watch, schema), 600, f"{name}: not ended", 0.02)
             cpu.stop()
             states = dict(
@@ -130,11 +174,14 @@ def run_pool(scale: Scale, processes: int) -> Result:
                 )
             )
             phases = _phases(watch, schema)
+            if keys is not None:
+                phases["key_end_to_claim_p50_ms"] = _key_idle(watch, schema)
     if states != {"DONE": n}:
         raise AssertionError(f"{name}: not every action ended DONE: {states}")
     # The first wave's worth of ends, then the rest at the pool's steady pace.
-    first = ends[concurrency - 1]
-    per_s = (n - concurrency) / (ends[-1] - first)
+    wave = min(concurrency, keys or concurrency)
+    first = ends[wave - 1]
+    per_s = (n - wave) / (ends[-1] - first)
     in_system = [end - committed for end in ends]
     cpu_ms = cpu.per_action_ms(n)
     # The services' CPU counts every process of theirs, other clients' too: a backend that
@@ -154,9 +201,10 @@ def run_pool(scale: Scale, processes: int) -> Result:
         extra={
             "provider_ms": ms(PROVIDER_S),
             "processes": processes,
-            "threads": THREADS,
+            "threads": threads,
             "actions_per_message": ACTIONS_PER_MESSAGE,
             "concurrency": concurrency,
+            "key_cap": None if keys is None else {"keys": keys, "key_concurrency": 1},
             "in_flight_bound": concurrency * IN_FLIGHT_PER_SLOT,
             "ideal_per_s": round(ideal, 1),
             "wall_per_s": round(n / (ends[-1] - committed), 1),
@@ -174,4 +222,14 @@ def run_pool(scale: Scale, processes: int) -> Result:
 def run(scale: Scale) -> list[Result]:
     # A tiny run (the smoke test's) checks the scenario, not the scaling: one pool, not three.
     sizes = POOL_SIZES if scale.factor >= TINY else POOL_SIZES[:1]
-    return [run_pool(scale, processes) for processes in sizes]
+    rows = [run_pool(scale, processes) for processes in sizes]
+    if scale.factor < TINY:
+        return rows
+    # The two-process pool's slots over as many workspaces capped at one each (the same ideal
+    # as its uncapped row), then with the threads sized to the keys' caps.
+    keys = slots(POOL_SIZES[1])
+    return [
+        *rows,
+        run_pool(scale, POOL_SIZES[1], keys=keys),
+        run_pool(scale, POOL_SIZES[1], keys=keys, threads=KEY_CAP_THREADS),
+    ]

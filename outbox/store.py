@@ -66,8 +66,22 @@ INTAKE_BATCH = 5000
 
 #: Most limit keys one claim of a kind walks (one index probe each): with more keys waiting, the
 #: next claim goes on where this one stopped, so every key is reached within a few claims and a
-#: claim's cost does not grow with the number of workspaces.
+#: claim's cost does not grow with the number of workspaces. Under a key cap a claim walks as
+#: many keys as its room needs at the cap (``walk_bound``), and keys at their cap are stepped
+#: over without counting.
 FAIR_KEYS_PER_CLAIM = 32
+
+#: Most keys at their cap one claim steps over besides those it walks (one index probe each).
+CAPPED_KEYS_PER_CLAIM = 256
+
+
+def walk_bound(left: int, key_cap: int | None) -> int:
+    """How many limit keys a claim of up to ``left`` heads walks: 32, or, when a key cap lets a
+    key give fewer than ``left`` / 32, as many keys as fill ``left`` at the cap (a cap of one
+    and a batch of 100: 100 keys); never more than ``left``. The walk's cost stays in
+    proportion to what the claim may take."""
+    keys = FAIR_KEYS_PER_CLAIM if key_cap is None else max(FAIR_KEYS_PER_CLAIM, -(-left // key_cap))
+    return min(left, keys)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +253,8 @@ def claim_heads_statement(
             "heads": heads,
             "keys": None,
             "after": cursor.get(params["kind"], ""),
-            "walk": min(left, FAIR_KEYS_PER_CLAIM),
+            "walk": walk_bound(left, key_cap),
+            "steps": walk_bound(left, key_cap) + CAPPED_KEYS_PER_CLAIM,
             "per_key": None,
             "limit": left,
             "key_cap": key_cap,

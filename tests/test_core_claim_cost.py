@@ -92,6 +92,7 @@ def claim_plan(conn, schema: str, limit: int = 100) -> dict:
                 "keys": ["w"],
                 "after": "",
                 "walk": 1,
+                "steps": 1,
                 "per_key": limit,
                 "key_cap": None,
             },

@@ -527,32 +527,49 @@ def test_a_kind_only_probed_gets_its_expired_claims_back_and_no_waiting_head(
     assert len(claim_now(ob, 5)) == 1
 
 
-def test_the_round_robin_moves_past_keys_a_cap_fills(make_outbox, conn, schema):
-    """A claim that finds every walked key at its cap claims nothing, yet the next claim of the
-    same claimer starts after them, so the keys beyond the walk are reached."""
+def test_a_claim_under_a_cap_of_one_walks_as_many_keys_as_its_room(make_outbox, conn, schema):
+    """A key at a cap of one gives one head a claim, so a claim of 100 walks 100 keys, not the
+    32 that fill it without a cap."""
     from outbox.store import FAIR_KEYS_PER_CLAIM
 
     ob = build(make_outbox)
-    full = [f"a{w:02d}" for w in range(FAIR_KEYS_PER_CLAIM)]
+    keys = [f"a{w:03d}" for w in range(100)]
+    enqueue_many(
+        conn, [req(f"{w}-{i}", f"{w}-{i}", w) for w in keys for i in range(2)], schema=schema
+    )
+    conn.commit()
+    claimed = claim_now(ob, 100, key_caps={NOTE.name: 1})
+    assert len(claimed) == 100 > FAIR_KEYS_PER_CLAIM
+    assert sorted(c.action.workspace_id for c in claimed) == keys
+
+
+def test_a_claim_steps_over_keys_at_their_cap_to_a_key_with_room(make_outbox, conn, schema):
+    """Keys at their cap do not count toward the walk's bound: a key with room behind more of
+    them than one walk holds is claimed by the first claim that starts before them, as is a
+    key with room among them; the next claim goes on after the last key with room."""
+    ob = build(make_outbox)
+    full = [f"a{w:03d}" for w in range(100)]
     enqueue_many(
         conn, [req(f"{w}-{i}", f"{w}-{i}", w) for w in full for i in range(2)], schema=schema
     )
     conn.commit()
     caps = {NOTE.name: 1}
-    assert len(claim_now(ob, 100, key_caps=caps)) == FAIR_KEYS_PER_CLAIM  # every key at its cap
+    assert len(claim_now(ob, 100, key_caps=caps)) == 100  # every key at its cap
+    among = enqueue(conn, req("a050-x", "a050-x", "a0505"), schema=schema)
     later = enqueue(conn, req("z-0", "z-0", "z"), schema=schema)
     conn.commit()
 
-    async def rounds() -> list[list[ClaimedAction]]:
+    async def rounds() -> tuple[list[ClaimedAction], list[ClaimedAction], dict[str, str]]:
         async with ob.store() as store:
-            return [
-                await store.claim({NOTE.name: 100}, LEASE, take=False, key_caps=caps)
-                for _ in range(2)
-            ]
+            first = await store.claim({NOTE.name: 2}, LEASE, take=False, key_caps=caps)
+            cursor = dict(store.fair_cursor)
+            second = await store.claim({NOTE.name: 2}, LEASE, take=False, key_caps=caps)
+            return first, second, cursor
 
-    first, second = asyncio.run(rounds())
-    assert first == []
-    assert [c.action.id for c in second] == [later.id]
+    first, second, cursor = asyncio.run(rounds())
+    assert sorted(c.action.id for c in first) == [among.id, later.id]
+    assert cursor == {NOTE.name: "z"}
+    assert second == []
 
 
 def test_reclaims_come_first_and_count_toward_the_claim(make_outbox, conn, schema):
@@ -571,3 +588,36 @@ def test_reclaims_come_first_and_count_toward_the_claim(make_outbox, conn, schem
     claimed = claim_now(ob, 4)
     assert {c.action.id for c in claimed[:3]} == expired
     assert len(claimed) == 4 and claimed[3].action.id not in expired
+
+
+def test_a_claim_among_more_keys_at_their_cap_than_it_steps_over_stops_and_the_next_goes_on(
+    make_outbox, conn, schema
+):
+    """A claim steps over at most ``CAPPED_KEYS_PER_CLAIM`` keys at their cap besides those it
+    walks (its cost stays bounded however many keys are full), and its round robin goes on
+    after the last of them, so the next claim reaches the key with room beyond."""
+    from outbox.store import CAPPED_KEYS_PER_CLAIM
+
+    ob = build(make_outbox)
+    full = [f"a{w:03d}" for w in range(CAPPED_KEYS_PER_CLAIM + 44)]
+    enqueue_many(
+        conn, [req(f"{w}-{i}", f"{w}-{i}", w) for w in full for i in range(2)], schema=schema
+    )
+    conn.commit()
+    caps = {NOTE.name: 1}
+    assert len(claim_now(ob, len(full), key_caps=caps)) == len(full)  # every key at its cap
+    later = enqueue(conn, req("z-0", "z-0", "z"), schema=schema)
+    conn.commit()
+
+    async def rounds() -> tuple[list[ClaimedAction], dict[str, str], list[ClaimedAction]]:
+        async with ob.store() as store:
+            first = await store.claim({NOTE.name: 1}, LEASE, take=False, key_caps=caps)
+            cursor = dict(store.fair_cursor)
+            second = await store.claim({NOTE.name: 1}, LEASE, take=False, key_caps=caps)
+            return first, cursor, second
+
+    first, cursor, second = asyncio.run(rounds())
+    assert first == []
+    # The walk's first key, then as many at their cap as it may step over besides.
+    assert cursor == {NOTE.name: full[CAPPED_KEYS_PER_CLAIM]}
+    assert [c.action.id for c in second] == [later.id]

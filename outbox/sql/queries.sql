@@ -164,14 +164,18 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
 -- from the first after `after`, wrapping around once; one probe of ix_agent_action_lane_ready a
 -- key (a skip scan), however many heads a key has. That index holds no lane whose head is
 -- scheduled for later (the fold promotes it once due, 0031), so a key with only scheduled heads
--- is never walked; a key whose heads are all busy (an erased write's hold) or capped still is.
+-- is never walked; a key whose heads are all busy (an erased write's hold) still is. A key at
+-- its cap (`key_cap`) is stepped over without counting toward `walk`, up to `steps` keys walked
+-- in all: under a cap of one, most keys with due heads are running one, and a walk that counted
+-- them reached a few keys with room a claim (in process, 1,390 against 1,640 actions/s over 200
+-- keys at a 100 ms provider).
 -- The probes after the wrap stop short of the first key, never reading it again: a probe steps
 -- over every index entry of the key it finds that is not yet marked dead, and while a long
 -- transaction elsewhere holds the vacuum horizon none is (one lane row an action run). It runs
 -- in this statement (not one of its own) so that a claim is one round trip; its first row
--- carries the keys claimed over (`walked`, for the caller's round robin; NULL on the others: 32
--- keys on each of 100 rows were 3,200 strings to write and parse), and a claim that found
--- nothing returns one row of NULLs with them.
+-- carries the keys walked, those at their cap too (`walked`, for the caller's round robin;
+-- NULL on the others: 32 keys on each of 100 rows were 3,200 strings to write and parse), and
+-- a claim that found nothing returns one row of NULLs with them.
 -- Each claim names its claimer (`claimer`: its heartbeat process id; NULL in process), whose
 -- untaken claims another claimer gives back once its heartbeat stops
 -- (release_claims_of_lost_claimers), and names no worker (taken_by: a new epoch nobody took).
@@ -226,11 +230,27 @@ WITH RECURSIVE paused AS (
     SELECT CASE WHEN %(heads)s AND NOT (SELECT yes FROM paused)
                 THEN %(limit)s::int - count(*)::int ELSE 0 END AS n
       FROM reclaimed
-), walk(k, p, d, first, n) AS (
+), executing AS (
+    -- Under a key cap, each key's executing actions of the kind, counted in one pass over the
+    -- executing rows (not once a key, nor once a candidate).
+    SELECT coalesce(e.limit_key, e.workspace_id, '') AS k, count(*)::int AS n
+      FROM {schema}.agent_action e
+     WHERE %(key_cap)s::int IS NOT NULL
+       AND e.state = 'EXECUTING' AND e.kind = %(kind)s
+     GROUP BY 1
+), capped AS (
+    -- The keys at their cap: the walk steps over them without counting them toward `walk`,
+    -- up to `steps` keys in all (so a claim among thousands of keys at their cap stops, and
+    -- the next goes on after it).
+    SELECT coalesce(array_agg(x.k), '{}'::text[]) AS keys
+      FROM executing x
+     WHERE x.n >= %(key_cap)s::int
+), walk(k, p, d, first, i, n, c) AS (
     -- Each probe returns the key's first entry in the index (its priority and due time too):
     -- every entry before it is of a row this statement's snapshot does not see, so the key's
-    -- heads below start there (candidates).
-    SELECT s.k, s.p, s.d, s.k, 1
+    -- heads below start there (candidates). `i` counts the keys walked, `n` those not at their
+    -- cap (the walk's bound), `c` says the key is at its cap.
+    SELECT s.k, s.p, s.d, s.k, 1, (s.k <> ALL (c.keys))::int, s.k = ANY (c.keys)
       FROM (SELECT y.k, y.p, y.d
               FROM ((SELECT l.head_limit_key AS k, l.head_priority AS p, l.head_due_at AS d
                        FROM {schema}.agent_action_lane l
@@ -246,10 +266,12 @@ WITH RECURSIVE paused AS (
                         AND l.head_kind = %(kind)s
                       ORDER BY l.head_limit_key, l.head_priority DESC, l.head_due_at LIMIT 1)) y
              LIMIT 1) s  -- the second probe runs only when the first found nothing
+     CROSS JOIN capped c
      WHERE %(keys)s::text[] IS NULL AND %(heads)s AND NOT (SELECT yes FROM paused)
     UNION ALL
-    SELECT x.k, x.p, x.d, w.first, w.n + 1
+    SELECT x.k, x.p, x.d, w.first, w.i + 1, w.n + (x.k <> ALL (c.keys))::int, x.k = ANY (c.keys)
       FROM walk w
+     CROSS JOIN capped c
      CROSS JOIN LATERAL (
            SELECT y.k, y.p, y.d
              FROM (-- Not wrapped yet: the next key.
@@ -280,30 +302,26 @@ WITH RECURSIVE paused AS (
                        AND l.head_limit_key < w.first
                      ORDER BY l.head_limit_key, l.head_priority DESC, l.head_due_at LIMIT 1)) y
             LIMIT 1) x
-     WHERE w.n < %(walk)s
+     WHERE w.n < %(walk)s AND w.i < %(steps)s
 ), walked AS (
-    SELECT coalesce(%(keys)s::text[], (SELECT array_agg(w.k ORDER BY w.n) FROM walk w)) AS keys
-), busy AS (
-    -- Each key's executing actions of the kind, counted in one pass over the executing rows
-    -- (not once a key, nor once a candidate), and only under a cap.
-    SELECT coalesce(e.limit_key, e.workspace_id, '') AS k, count(*)::int AS n
-      FROM walked, {schema}.agent_action e
-     WHERE %(key_cap)s::int IS NOT NULL
-       AND e.state = 'EXECUTING' AND e.kind = %(kind)s
-       AND coalesce(e.limit_key, e.workspace_id, '') = ANY (walked.keys)
-     GROUP BY 1
+    -- Every key walked, those at their cap too (the caller's round robin goes on after the
+    -- last), and those with room, which share the claim.
+    SELECT coalesce(%(keys)s::text[], (SELECT array_agg(w.k ORDER BY w.i) FROM walk w)) AS keys,
+           coalesce(%(keys)s::text[],
+                    (SELECT array_agg(w.k ORDER BY w.i) FILTER (WHERE NOT w.c) FROM walk w))
+               AS open
 ), keys AS (
     -- least() ignores the NULL of no cap. A key the caller named (`keys`) was not walked: its
     -- first entry (p, d) is NULL.
     SELECT u.k, u.ord, s.share, w.p, w.d,
            least(s.share, %(key_cap)s::int - coalesce(busy.n, 0)) AS room
       FROM walked
-     CROSS JOIN LATERAL unnest(walked.keys) WITH ORDINALITY AS u(k, ord)
+     CROSS JOIN LATERAL unnest(walked.open) WITH ORDINALITY AS u(k, ord)
      CROSS JOIN LATERAL (
            SELECT coalesce(%(per_key)s::int,
-                           ((SELECT n FROM room) + cardinality(walked.keys) - 1)
-                               / cardinality(walked.keys)) AS share) s
-      LEFT JOIN busy ON busy.k = u.k
+                           ((SELECT n FROM room) + cardinality(walked.open) - 1)
+                               / cardinality(walked.open)) AS share) s
+      LEFT JOIN executing busy ON busy.k = u.k
       LEFT JOIN walk w ON w.k = u.k
 ), candidates AS (
     -- Each key's lane rows are locked as the scan finds them, skipping those another
