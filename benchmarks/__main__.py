@@ -60,6 +60,8 @@ SCENARIOS: dict[str, str] = {
     # Another session holds a snapshot open while batches drain: what the dead rows cost.
     "horizon": "benchmarks.horizon",
     "pgqueuer-horizon": "benchmarks.peers.pgqueuer_runs:run_horizon",
+    # The provider down while actions keep coming: the calls, the actions lost, the drain after.
+    "provider-outage": "benchmarks.provider_outage",
     # PostgreSQL restarted under a steady load: how long until what it caught has ended.
     "db-restart": "benchmarks.db_restart",
     # The Redis broker restarted, without persistence, under a backlog: its cost over the drain.

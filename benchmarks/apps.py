@@ -7,8 +7,10 @@
   action whose payload says ``"record": true`` is recorded always), with ``BENCH_RECORD_CALLS=1``
   the time of its "provider call" after the fence (``bench:<run id>:calls``) for ``rate``;
   with ``BENCH_PROVIDER_SECONDS=<s>`` that call waits ``s`` seconds (a slow provider:
-  ``slow-provider``, ``memory``); with ``BENCH_IDLE_KINDS=<n>`` it serves n more kinds that
-  never get an action.
+  ``slow-provider``, ``memory``); with ``BENCH_PROVIDER_OUTAGE=1``, while the Redis key
+  ``bench:<run id>:outage`` exists the call fails as a provider that is down fails (``Retry``,
+  nothing written), and every call is counted, down or up (``provider-outage``); with
+  ``BENCH_IDLE_KINDS=<n>`` it serves n more kinds that never get an action.
 - ``benchmarks.apps:raw_broker``: the same broker with one plain Dramatiq actor and no outbox,
   the ceiling of the e2e scenario.
 
@@ -31,7 +33,7 @@ import redis.asyncio
 from dramatiq import Broker
 
 from benchmarks.common import NOOP, REDIS_URL, RUN_ID
-from outbox import Abandoned, ActionAttempt, ActionKind, Defer, Done, Outbox, Result
+from outbox import Abandoned, ActionAttempt, ActionKind, Defer, Done, Outbox, Result, Retry
 from outbox.dispatch import broker_from_url
 
 #: Connections a worker process's recorder may hold at once (more recordings wait for one).
@@ -41,6 +43,12 @@ STARTS_KEY = f"bench:{RUN_ID}:starts"
 CALLS_KEY = f"bench:{RUN_ID}:calls"
 #: How long an action waits after Dramatiq's limiter refused it (the ``rate`` comparison).
 DRAMATIQ_LIMITER_RETRY = timedelta(milliseconds=50)
+#: While this key exists the provider is down (``BENCH_PROVIDER_OUTAGE``); the calls it took
+#: while down and while up are counted in ``OUTAGE_CALLS_KEY`` (fields ``down``, ``up``).
+OUTAGE_KEY = f"bench:{RUN_ID}:outage"
+OUTAGE_CALLS_KEY = f"bench:{RUN_ID}:outage:calls"
+#: What a call to the provider while it is down ends in (the reason an attempt records).
+PROVIDER_DOWN = "PROVIDER_DOWN"
 RAW_DONE_KEY = f"bench:{RUN_ID}:raw:done"
 RAW_LATENCY_KEY = f"bench:{RUN_ID}:raw:latency"
 
@@ -72,12 +80,14 @@ class NoopAdapter:
         record_calls: bool = False,
         dramatiq_limiter: Any = None,
         provider_seconds: float = 0.0,
+        outage: bool = False,
     ) -> None:
         self._client: redis.asyncio.Redis | None = None
         self.record_starts = record_starts
         self.record_calls = record_calls
         self.dramatiq_limiter = dramatiq_limiter
         self.provider_seconds = provider_seconds
+        self.outage = outage
 
     def _redis(self) -> redis.asyncio.Redis:
         # A pool that makes a recording wait for a free connection: a worker process runs up
@@ -109,6 +119,13 @@ class NoopAdapter:
             await self._redis().hset(CALLS_KEY, str(attempt.id), repr(time.time()))
         if self.provider_seconds:
             await asyncio.sleep(self.provider_seconds)
+        if self.outage:
+            client = self._redis()
+            down = bool(await client.exists(OUTAGE_KEY))
+            await client.hincrby(OUTAGE_CALLS_KEY, "down" if down else "up", 1)
+            if down:
+                # A refused connection: the provider proved it holds nothing.
+                return Retry(reason=PROVIDER_DOWN)
         return Done(ref="noop")
 
 
@@ -135,6 +152,7 @@ def outbox_app() -> Outbox:
         record_calls=os.environ.get("BENCH_RECORD_CALLS") == "1",
         dramatiq_limiter=_dramatiq_limiter(),
         provider_seconds=float(os.environ.get("BENCH_PROVIDER_SECONDS", "0")),
+        outage=os.environ.get("BENCH_PROVIDER_OUTAGE") == "1",
     )
     outbox.register(NOOP, adapter)
     for kind in idle_kinds():
