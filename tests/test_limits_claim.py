@@ -492,6 +492,61 @@ def test_the_walk_visits_each_key_with_a_due_head_once_in_cyclic_order_from_the_
     assert (rows[0]["walked"] or []) == cyclic_walk(keys - scheduled, after, min(limit, 32))
 
 
+def capped_walk(keys: set[str], capped: set[str], after: str, walk: int, steps: int) -> list[str]:
+    """The keys a claim under a cap should walk: in cyclic order from the first after
+    ``after``, until ``walk`` of them are not ``capped`` or ``steps`` were walked in all."""
+    walked: list[str] = []
+    for key in cyclic_walk(keys, after, len(keys)):
+        walked.append(key)
+        if len([k for k in walked if k not in capped]) >= walk or len(walked) >= steps:
+            break
+    return walked
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    keys=st.sets(st.integers(0, 40).map(lambda n: f"k{n:02d}"), min_size=1, max_size=12),
+    at_cap=st.lists(st.booleans(), min_size=12, max_size=12),
+    idle=st.sets(st.integers(0, 40).map(lambda n: f"k{n:02d}"), max_size=3),
+    after=st.integers(-1, 41).map(lambda n: "" if n < 0 else f"k{n:02d}"),
+    limit=st.integers(1, 8),
+    stepped=st.integers(0, 4),
+)
+def test_the_walk_under_a_cap_steps_over_keys_at_their_cap_within_its_bound(
+    make_outbox, database_url, schema, keys, at_cap, idle, after, limit, stepped
+):
+    """Whatever the keys, those at their cap and the cursor: the walk goes in cyclic order,
+    counts only the keys with room toward its bound, steps over at most ``stepped`` keys at
+    their cap besides, and claims one head of each key with room it walked, none of a key at
+    its cap."""
+    from unittest import mock
+
+    from outbox.store import walk_bound
+
+    # Keys at their cap with a due head, and (``idle``) at their cap with none.
+    capped = {key for key, full in zip(sorted(keys), at_cap, strict=False) if full} | idle
+    ob = build(make_outbox)
+    with psycopg.connect(database_url, autocommit=True) as c:
+        c.execute(f'TRUNCATE "{schema}".agent_action, "{schema}".agent_action_lane')
+        c.execute(f'TRUNCATE "{schema}".agent_action_lane_intake')
+        # Each capped key runs one action (claimed before any other head exists).
+        for key in sorted(capped):
+            enqueue(c, req(f"busy-{key}", f"busy-{key}", key), schema=schema)
+        assert len(claim_now(ob, 100)) == len(capped)
+        for key in sorted(keys):
+            enqueue(c, req(f"lane-{key}", f"idem-{key}", key), schema=schema)
+        with mock.patch("outbox.store.CAPPED_KEYS_PER_CLAIM", stepped):
+            ((_, _), (name, rows), *_) = rows_of_a_claim(
+                c, schema, limit, cursor={NOTE.name: after}, key_caps={NOTE.name: 1}
+            )
+    walk = walk_bound(limit, 1)
+    expected = capped_walk(keys, capped, after, walk, walk + stepped)
+    assert name == "claim_heads"
+    assert (rows[0]["walked"] or []) == expected
+    claimed = sorted(row["workspace_id"] for row in rows if row["id"] is not None)
+    assert claimed == [key for key in sorted(expected) if key not in capped]
+
+
 def probe_now(conn, schema: str, limit: int) -> list[ClaimedAction]:
     """The claim of a kind a stalled claimer only probes (``reclaims_only``), committed."""
     from outbox._io import run_sync
