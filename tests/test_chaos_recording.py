@@ -58,19 +58,24 @@ def test_a_stop_that_meets_the_database_down_is_written_once_it_is_back(
         # The stop's write is in flight when the server goes down: it waits behind a lock on
         # its row (as it may wait behind the other processes on the cores).
         blocker = await psycopg.AsyncConnection.connect(url)
-        await blocker.execute(f'SELECT 1 FROM "{SCHEMAS.watch}".attempt FOR UPDATE')
-        stopping = asyncio.create_task(recorder.stop(row, "Done", done_at))
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as watcher:
-            while not await _waits_on_a_lock(watcher):
-                await asyncio.sleep(0.05)
-        private_postgres.stop()
-        await asyncio.sleep(DOWNTIME)
-        assert not stopping.done()
-        # On this thread: the server dies with the thread that started it.
-        private_postgres.start()
-        await asyncio.wait_for(stopping, timeout=60)
+        try:
+            await blocker.execute(f'SELECT 1 FROM "{SCHEMAS.watch}".attempt FOR UPDATE')
+            stopping = asyncio.create_task(recorder.stop(row, "Done", done_at))
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as watcher:
+                while not await _waits_on_a_lock(watcher):
+                    await asyncio.sleep(0.05)
+            private_postgres.stop()
+            await asyncio.sleep(DOWNTIME)
+            assert not stopping.done()
+            # On this thread: the server dies with the thread that started it.
+            private_postgres.start()
+            await asyncio.wait_for(stopping, timeout=60)
+        finally:
+            # Nothing of the pool's or the connection's is left for the loop's end to cancel.
+            await recorder.close()
+            await blocker.close()
 
-    asyncio.run(record())
+    asyncio.run(asyncio.wait_for(record(), timeout=120))
     with psycopg.connect(url) as conn:
         stopped = conn.execute(
             f'SELECT stopped_at, result FROM "{SCHEMAS.watch}".attempt WHERE id = %s', (row,)

@@ -602,15 +602,19 @@ def test_a_claim_steps_over_keys_at_their_cap_to_a_key_with_room(make_outbox, co
     """Keys at their cap do not count toward the walk's bound: a key with room behind more of
     them than one walk holds is claimed by the first claim that starts before them, as is a
     key with room among them; the next claim goes on after the last key with room."""
+    from outbox.store import CAPPED_KEYS_PER_CLAIM, FAIR_KEYS_PER_CLAIM
+
     ob = build(make_outbox)
-    full = [f"a{w:03d}" for w in range(100)]
+    # More than a walk of 32 keys holds, fewer than a claim of 2 steps over.
+    full = [f"a{w:03d}" for w in range(FAIR_KEYS_PER_CLAIM + 16)]
+    assert len(full) + 2 <= 2 + CAPPED_KEYS_PER_CLAIM
     enqueue_many(
         conn, [req(f"{w}-{i}", f"{w}-{i}", w) for w in full for i in range(2)], schema=schema
     )
     conn.commit()
     caps = {NOTE.name: 1}
-    assert len(claim_now(ob, 100, key_caps=caps)) == 100  # every key at its cap
-    among = enqueue(conn, req("a050-x", "a050-x", "a0505"), schema=schema)
+    assert len(claim_now(ob, 100, key_caps=caps)) == len(full)  # every key at its cap
+    among = enqueue(conn, req("a020-x", "a020-x", "a0205"), schema=schema)
     later = enqueue(conn, req("z-0", "z-0", "z"), schema=schema)
     conn.commit()
 

@@ -74,6 +74,13 @@ class Recorder:
             cur = await conn.execute(query, params)
             return await cur.fetchall() if cur.description else []
 
+    async def close(self) -> None:
+        """Closes the pool, if this process opened one (the soak's processes are killed or exit
+        with theirs; a test closes it before its loop ends)."""
+        if self._pool is not None and self._pid == os.getpid():
+            await self._pool.close()
+        self._pool = None
+
     def watch_loop(self) -> None:
         """Starts sampling the running loop's lateness, once a loop (the first attempt on it)."""
         loop = asyncio.get_running_loop()
