@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from outbox import Outbox
-from tests.services import reachable, require_reachable
+from tests.services import missing_service, reachable, require_reachable
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
@@ -85,3 +85,32 @@ def make_outbox(database_url: str, schema: str):
 def conn(database_url: str) -> Iterator[psycopg.Connection]:
     with psycopg.connect(database_url) as connection:
         yield connection
+
+
+def _require_server_binaries() -> None:
+    from benchmarks.chaos.servers import missing_binaries
+
+    missing = missing_binaries()
+    if missing:
+        missing_service(missing)
+
+
+@pytest.fixture
+def private_postgres():
+    """A PostgreSQL of the test's own on its own port (a fault test stops and restarts it,
+    never the shared one), removed after the test."""
+    from benchmarks.chaos.servers import PrivatePostgres
+
+    _require_server_binaries()
+    with PrivatePostgres() as server:
+        yield server
+
+
+@pytest.fixture
+def private_redis():
+    """A Redis of the test's own on its own port, removed after the test."""
+    from benchmarks.chaos.servers import PrivateRedis
+
+    _require_server_binaries()
+    with PrivateRedis() as server:
+        yield server

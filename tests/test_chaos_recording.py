@@ -5,7 +5,6 @@ stop lost to the restart would turn a lane handed on correctly into a reported o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,9 +13,8 @@ import pytest
 
 from benchmarks.chaos import tables
 from benchmarks.chaos.recording import Recorder
-from benchmarks.chaos.servers import PrivatePostgres, missing_binaries
+from benchmarks.chaos.servers import PrivatePostgres
 from outbox.migrate import migrate
-from tests.services import missing_service
 
 pytestmark = pytest.mark.slow
 
@@ -25,15 +23,12 @@ DOWNTIME = 1.0
 
 
 @pytest.fixture
-def private_postgres() -> Iterator[PrivatePostgres]:
-    missing = missing_binaries()
-    if missing:
-        missing_service(missing)
-    with PrivatePostgres() as server:
-        with psycopg.connect(server.url, autocommit=True) as conn:
-            migrate(conn, SCHEMAS.outbox)
-            tables.create(conn, SCHEMAS)
-        yield server
+def recorded_postgres(private_postgres: PrivatePostgres) -> PrivatePostgres:
+    """The private server with the soak's outbox and watch tables."""
+    with psycopg.connect(private_postgres.url, autocommit=True) as conn:
+        migrate(conn, SCHEMAS.outbox)
+        tables.create(conn, SCHEMAS)
+    return private_postgres
 
 
 def _attempt_row(url: str) -> int:
@@ -47,9 +42,9 @@ def _attempt_row(url: str) -> int:
 
 
 def test_a_stop_that_meets_the_database_down_is_written_once_it_is_back(
-    private_postgres: PrivatePostgres,
+    recorded_postgres: PrivatePostgres,
 ) -> None:
-    url = private_postgres.url
+    url = recorded_postgres.url
     row = _attempt_row(url)
     recorder = Recorder(url, SCHEMAS.watch)
     done_at = datetime.now(UTC)
@@ -64,11 +59,11 @@ def test_a_stop_that_meets_the_database_down_is_written_once_it_is_back(
             async with await psycopg.AsyncConnection.connect(url, autocommit=True) as watcher:
                 while not await _waits_on_a_lock(watcher):
                     await asyncio.sleep(0.05)
-            private_postgres.stop()
+            recorded_postgres.stop()
             await asyncio.sleep(DOWNTIME)
             assert not stopping.done()
             # On this thread: the server dies with the thread that started it.
-            private_postgres.start()
+            recorded_postgres.start()
             await asyncio.wait_for(stopping, timeout=60)
         finally:
             # Nothing of the pool's or the connection's is left for the loop's end to cancel.

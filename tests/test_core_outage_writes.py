@@ -11,7 +11,6 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -20,7 +19,7 @@ import psycopg_pool
 import pytest
 from psycopg.rows import dict_row
 
-from benchmarks.chaos.servers import PrivatePostgres, missing_binaries
+from benchmarks.chaos.servers import PrivatePostgres
 from outbox import (
     Abandoned,
     ActionAttempt,
@@ -34,7 +33,6 @@ from outbox import Result as ActionResult
 from outbox.dispatch.runtime import WorkerRuntime
 from outbox.fence_token import FenceToken
 from outbox.outage import OUTAGE, sent_again
-from tests.services import missing_service
 
 #: At most once: a finish lost after the fence would end it UNCERTAIN.
 NOTICE = ActionKind("NOTICE", at_most_once=True)
@@ -45,15 +43,6 @@ DOWNTIME = 1.5
 #: An attempt that rode the outage out ends this soon after the server is back (its lease is
 #: two minutes: an attempt left to its lease would end that much later).
 SOON = 15.0
-
-
-@pytest.fixture
-def private_postgres() -> Iterator[PrivatePostgres]:
-    missing = missing_binaries()
-    if missing:
-        missing_service(missing)
-    with PrivatePostgres() as server:
-        yield server
 
 
 class Gated:

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -28,35 +27,14 @@ from fault_support import (
     wait_until,
 )
 
-from benchmarks.chaos.servers import PrivatePostgres, PrivateRedis, missing_binaries
+from benchmarks.chaos.servers import PrivatePostgres, PrivateRedis
 from outbox.dispatch.processes import start_claimer, start_worker
-from tests.services import missing_service
 
 pytestmark = pytest.mark.slow
 
 LEASE = 3.0
 #: The longest pause in finishing actions that a paused claimer may cause the others.
 MAX_STALL = 2.5
-
-
-def _require_binaries() -> None:
-    missing = missing_binaries()
-    if missing:
-        missing_service(missing)
-
-
-@pytest.fixture
-def private_redis() -> Iterator[PrivateRedis]:
-    _require_binaries()
-    with PrivateRedis() as server:
-        yield server
-
-
-@pytest.fixture
-def private_postgres() -> Iterator[PrivatePostgres]:
-    _require_binaries()
-    with PrivatePostgres() as server:
-        yield server
 
 
 def _mixed_work(rig: DispatchRig) -> list[int]:
