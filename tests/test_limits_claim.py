@@ -598,6 +598,30 @@ def test_a_claim_under_a_cap_of_one_walks_as_many_keys_as_its_room(make_outbox, 
     assert sorted(c.action.workspace_id for c in claimed) == keys
 
 
+def fill_to_cap(ob, conn, schema: str, keys: list[str], caps: dict[str, int]) -> None:
+    """Two lanes a key, one of each claimed: every key at a cap of one, with a due head."""
+    enqueue_many(
+        conn, [req(f"{w}-{i}", f"{w}-{i}", w) for w in keys for i in range(2)], schema=schema
+    )
+    conn.commit()
+    assert len(claim_now(ob, len(keys), key_caps=caps)) == len(keys)
+
+
+def two_claims(
+    ob, limit: int, caps: dict[str, int]
+) -> tuple[list[ClaimedAction], dict[str, str], list[ClaimedAction]]:
+    """Two claims of one claimer (one round robin), and its cursor between them."""
+
+    async def rounds() -> tuple[list[ClaimedAction], dict[str, str], list[ClaimedAction]]:
+        async with ob.store() as store:
+            first = await store.claim({NOTE.name: limit}, LEASE, take=False, key_caps=caps)
+            cursor = dict(store.fair_cursor)
+            second = await store.claim({NOTE.name: limit}, LEASE, take=False, key_caps=caps)
+            return first, cursor, second
+
+    return asyncio.run(rounds())
+
+
 def test_a_claim_steps_over_keys_at_their_cap_to_a_key_with_room(make_outbox, conn, schema):
     """Keys at their cap do not count toward the walk's bound: a key with room behind more of
     them than one walk holds is claimed by the first claim that starts before them, as is a
@@ -608,24 +632,12 @@ def test_a_claim_steps_over_keys_at_their_cap_to_a_key_with_room(make_outbox, co
     # More than a walk of 32 keys holds, fewer than a claim of 2 steps over.
     full = [f"a{w:03d}" for w in range(FAIR_KEYS_PER_CLAIM + 16)]
     assert len(full) + 2 <= 2 + CAPPED_KEYS_PER_CLAIM
-    enqueue_many(
-        conn, [req(f"{w}-{i}", f"{w}-{i}", w) for w in full for i in range(2)], schema=schema
-    )
-    conn.commit()
     caps = {NOTE.name: 1}
-    assert len(claim_now(ob, 100, key_caps=caps)) == len(full)  # every key at its cap
+    fill_to_cap(ob, conn, schema, full, caps)
     among = enqueue(conn, req("a020-x", "a020-x", "a0205"), schema=schema)
     later = enqueue(conn, req("z-0", "z-0", "z"), schema=schema)
     conn.commit()
-
-    async def rounds() -> tuple[list[ClaimedAction], list[ClaimedAction], dict[str, str]]:
-        async with ob.store() as store:
-            first = await store.claim({NOTE.name: 2}, LEASE, take=False, key_caps=caps)
-            cursor = dict(store.fair_cursor)
-            second = await store.claim({NOTE.name: 2}, LEASE, take=False, key_caps=caps)
-            return first, second, cursor
-
-    first, second, cursor = asyncio.run(rounds())
+    first, cursor, second = two_claims(ob, 2, caps)
     assert sorted(c.action.id for c in first) == [among.id, later.id]
     assert cursor == {NOTE.name: "z"}
     assert second == []
@@ -659,23 +671,11 @@ def test_a_claim_among_more_keys_at_their_cap_than_it_steps_over_stops_and_the_n
 
     ob = build(make_outbox)
     full = [f"a{w:03d}" for w in range(CAPPED_KEYS_PER_CLAIM + 44)]
-    enqueue_many(
-        conn, [req(f"{w}-{i}", f"{w}-{i}", w) for w in full for i in range(2)], schema=schema
-    )
-    conn.commit()
     caps = {NOTE.name: 1}
-    assert len(claim_now(ob, len(full), key_caps=caps)) == len(full)  # every key at its cap
+    fill_to_cap(ob, conn, schema, full, caps)
     later = enqueue(conn, req("z-0", "z-0", "z"), schema=schema)
     conn.commit()
-
-    async def rounds() -> tuple[list[ClaimedAction], dict[str, str], list[ClaimedAction]]:
-        async with ob.store() as store:
-            first = await store.claim({NOTE.name: 1}, LEASE, take=False, key_caps=caps)
-            cursor = dict(store.fair_cursor)
-            second = await store.claim({NOTE.name: 1}, LEASE, take=False, key_caps=caps)
-            return first, cursor, second
-
-    first, cursor, second = asyncio.run(rounds())
+    first, cursor, second = two_claims(ob, 1, caps)
     assert first == []
     # The walk's first key, then as many at their cap as it may step over besides.
     assert cursor == {NOTE.name: full[CAPPED_KEYS_PER_CLAIM]}
