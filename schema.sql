@@ -885,6 +885,16 @@ CREATE TABLE outbox.agent_action_kind (
     CONSTRAINT agent_action_kind_name_check CHECK ((name ~ '^[A-Z][A-Z0-9_]{0,62}$'::text))
 );
 
+-- table agent_action_kind_outage
+
+CREATE TABLE outbox.agent_action_kind_outage (
+    kind text NOT NULL COLLATE pg_catalog."C",
+    since timestamp with time zone,
+    retried bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    last_retry_at timestamp with time zone,
+    CONSTRAINT agent_action_kind_outage_check CHECK (((since IS NULL) = (cardinality(retried) = 0)))
+);
+
 -- table agent_action_kind_pause
 
 CREATE TABLE outbox.agent_action_kind_pause (
@@ -1052,6 +1062,11 @@ ALTER TABLE outbox.webhook_subscription ALTER COLUMN id ADD GENERATED ALWAYS AS 
 ALTER TABLE ONLY outbox.agent_action_attempt
     ADD CONSTRAINT agent_action_attempt_pkey PRIMARY KEY (action_id, epoch);
 
+-- constraint agent_action_kind_outage agent_action_kind_outage_pkey
+
+ALTER TABLE ONLY outbox.agent_action_kind_outage
+    ADD CONSTRAINT agent_action_kind_outage_pkey PRIMARY KEY (kind);
+
 -- constraint agent_action_kind_pause agent_action_kind_pause_pkey
 
 ALTER TABLE ONLY outbox.agent_action_kind_pause
@@ -1213,6 +1228,11 @@ CREATE TRIGGER agent_action_lanes_moved AFTER UPDATE ON outbox.agent_action REFE
 -- trigger agent_action guard_agent_action
 
 CREATE TRIGGER guard_agent_action AFTER UPDATE ON outbox.agent_action REFERENCING OLD TABLE AS old_actions NEW TABLE AS new_actions FOR EACH STATEMENT EXECUTE FUNCTION outbox.guard_agent_action();
+
+-- fk constraint agent_action_kind_outage agent_action_kind_outage_kind_fkey
+
+ALTER TABLE ONLY outbox.agent_action_kind_outage
+    ADD CONSTRAINT agent_action_kind_outage_kind_fkey FOREIGN KEY (kind) REFERENCES outbox.agent_action_kind(name) ON DELETE CASCADE;
 
 -- fk constraint agent_action_kind_pause agent_action_kind_pause_kind_fkey
 

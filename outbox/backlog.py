@@ -23,6 +23,14 @@ class KindBacklog:
     blocked_lanes: int = 0
     #: Claims whose lease ran out before any worker took their message.
     unconsumed: int = 0
+    #: Distinct actions whose attempts answered ``Retry`` since the kind's last DONE (up to 16:
+    #: ``outbox.provider_outage``), and seconds since the first of them did.
+    retrying: int = 0
+    retrying_for: float = 0.0
+
+    def provider_down(self, threshold: int) -> bool:
+        """Whether the kind's provider counts as down (``Settings.outage_threshold``)."""
+        return threshold > 0 and self.retrying >= threshold
 
     @property
     def queue(self) -> str:
@@ -38,11 +46,14 @@ class Backlog:
 
 
 def backlog_operation(schema: str) -> Operation[Backlog]:
-    """Three short reads: due per kind, in flight per kind, blocked lanes per kind."""
+    """Four short reads: due per kind, in flight per kind, blocked lanes per kind, and the
+    kinds whose attempts retry (``outbox.provider_outage``)."""
     q = queries_for(schema)
     due_rows = yield Statement(q["backlog_by_kind"])
     flight_rows = yield Statement(q["executing_by_kind"])
     blocked_rows = yield Statement(q["blocked_lanes_by_kind"])
+    retrying_rows = yield Statement(q["provider_outages"])
+    retrying = {r["kind"]: (int(r["actions"]), float(r["retrying_for"])) for r in retrying_rows}
     in_flight = {r["kind"]: int(r["n"]) for r in flight_rows}
     unconsumed = {r["kind"]: int(r["unconsumed"]) for r in flight_rows}
     blocked = {r["kind"]: int(r["lanes"]) for r in blocked_rows}
@@ -54,6 +65,8 @@ def backlog_operation(schema: str) -> Operation[Backlog]:
             in_flight=in_flight.get(r["kind"], 0),
             blocked_lanes=blocked.get(r["kind"], 0),
             unconsumed=unconsumed.get(r["kind"], 0),
+            retrying=retrying.get(r["kind"], (0, 0.0))[0],
+            retrying_for=retrying.get(r["kind"], (0, 0.0))[1],
         )
         for r in due_rows
     }

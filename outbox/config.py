@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 from outbox.errors import ConfigurationError
 from outbox.event_loop import loop_factory
 from outbox.limits import parse_limits
+from outbox.provider_outage import MAX_THRESHOLD
 from outbox.queries import validate_schema
 from outbox.request_checks import DEFAULT_MAX_PAYLOAD_BYTES
 
@@ -65,6 +66,14 @@ class Settings:
     #: Retry backoff: base * 2^(attempt-1), capped, with jitter, unless the adapter gives a wait.
     retry_base: timedelta = timedelta(seconds=5)
     retry_cap: timedelta = timedelta(hours=1)
+    #: A kind's provider counts as down once this many distinct actions' attempts answered
+    #: ``Retry`` with no DONE of the kind between them; an attempt that would then end FAILED
+    #: ATTEMPTS_EXHAUSTED gives its attempt back and waits instead (outbox/provider_outage.py).
+    #: 2 to 16; 0 = never: every attempt counts, whatever the kind's other actions do.
+    outage_threshold: int = 5
+    #: How long after its first retry an outage keeps giving attempts back; past it, actions
+    #: spend their attempts again and end FAILED as without an outage.
+    outage_limit: timedelta = timedelta(hours=24)
     #: Ended actions are deleted this long after they ended.
     retention: timedelta = timedelta(days=30)
     #: The payload of an action that ended UNCERTAIN, FAILED or CANCELLED is kept this long for
@@ -162,6 +171,10 @@ class Settings:
         ):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{env_name(name)}: must be >= 1")
+        if self.outage_threshold != 0 and not 2 <= self.outage_threshold <= MAX_THRESHOLD:
+            raise ConfigurationError(
+                f"{env_name('outage_threshold')}: must be 0 (off) or 2 to {MAX_THRESHOLD}"
+            )
         for name in ("confirm_threshold", "hand_off"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"{env_name(name)}: must be >= 0")

@@ -26,6 +26,7 @@ from outbox.lease_timer import LeaseClock, LeaseTimer
 from outbox.limits import RATE_HORIZON, KindLimits
 from outbox.observers import ExecutorObserver, Observers
 from outbox.outage import OUTAGE, sent_again
+from outbox.provider_outage import exhausts_on_retry, ride_out
 from outbox.rate_limiter import MAX_SLOT_WAIT, SLOT_LEAD, RateLimiter, Slot
 from outbox.results import RESULT_TYPES, Defer, Result, Retry, Uncertain, finish_for
 from outbox.state import ActionState, StopReason
@@ -248,6 +249,20 @@ class ActionExecutor:
             return Retry(reason=reason)
         return Uncertain(reason)
 
+    async def _provider_down(self, action: Action) -> bool:
+        """Whether the provider of ``action``'s kind is in an outage, so that its exhausting
+        retry gives its attempt back (``outbox.provider_outage``). Unanswered (the database is
+        unreachable too), the attempt counts, as it would without an outage."""
+        settings = self.settings
+        if settings.outage_threshold == 0:
+            return False
+        try:
+            return await self.store.provider_down(
+                action.kind, settings.outage_threshold, settings.outage_limit
+            )
+        except OUTAGE:
+            return False
+
     def _claimed_at(self, action: Action) -> datetime | None:
         """When this attempt's claim started its lease (an in-process claim is its own take; a
         worker's take already started the history row, which keeps its own claim time)."""
@@ -261,7 +276,11 @@ class ActionExecutor:
         action = attempt.action
         finish = finish_for(result, action, self.settings)
         if finish is not None and attempt.error_class is not None:
-            finish = replace(finish, error_class=attempt.error_class)
+            # An adapter's exception says nothing of its provider: only a Retry the adapter
+            # returned counts toward its kind's outage (``outbox.provider_outage``).
+            finish = replace(finish, error_class=attempt.error_class, retried=False)
+        if finish is not None and exhausts_on_retry(finish) and await self._provider_down(action):
+            finish = ride_out(finish, action, self.settings)
         successor: ClaimedAction | None = None
         finishing_at = time.monotonic()
         fenced = attempt.fence_passed

@@ -204,6 +204,21 @@ BLOCKED_LANES = Gauge(
     ["kind"],
     multiprocess_mode="livemostrecent",
 )
+PROVIDER_RETRYING = Gauge(
+    "outbox_provider_retrying_actions",
+    "Distinct actions of a kind whose attempts answered Retry since the kind's last DONE (up "
+    "to 16); at OUTBOX_OUTAGE_THRESHOLD or more the provider counts as down and exhausting "
+    "retries give their attempt back",
+    ["kind"],
+    multiprocess_mode="livemostrecent",
+)
+PROVIDER_RETRYING_FOR = Gauge(
+    "outbox_provider_retrying_seconds",
+    "Seconds since the first of those actions answered Retry (0 when none did since the kind's "
+    "last DONE)",
+    ["kind"],
+    multiprocess_mode="livemostrecent",
+)
 
 
 VACUUM_HORIZON_HELD = Gauge(
@@ -285,6 +300,8 @@ def set_backlog_gauges(backlog: Backlog) -> None:
         IN_FLIGHT.labels(kind=item.kind, queue=item.queue).set(item.in_flight)
         BLOCKED_LANES.labels(kind=item.kind).set(item.blocked_lanes)
         UNCONSUMED.labels(kind=item.kind).set(item.unconsumed)
+        PROVIDER_RETRYING.labels(kind=item.kind).set(item.retrying)
+        PROVIDER_RETRYING_FOR.labels(kind=item.kind).set(item.retrying_for)
 
 
 def record_given_back(reason: str, claims: int) -> None:

@@ -90,7 +90,10 @@ class Finish:
       replaces the last retry's reason (the cause of ATTEMPTS_EXHAUSTED), else that is kept.
     - A **wait** (``state`` ADMITTED) makes the action due again ``after`` from now with
       ``retry_reason``, clears its lease and fence, and gives the attempt back when
-      ``gives_back_attempt`` (a deferral).
+      ``gives_back_attempt`` (a deferral, or a retry during its provider's outage).
+    - ``retried``: the adapter answered ``Retry`` (a wait, an end ATTEMPTS_EXHAUSTED, or an
+      attempt given back during an outage): the finish adds the action to its kind's outage
+      row (``outbox.provider_outage``).
 
     Neither ever drops the evidence of a write: an end keeps ``write_started_at``, and a wait
     moves it to ``earlier_write_at``, so a read-back adapter reads back first at every later
@@ -106,6 +109,7 @@ class Finish:
     #: The class name of the adapter's exception that led to this result, if any (the
     #: attempt's history keeps it; never the exception's text).
     error_class: str | None = None
+    retried: bool = False
 
     def __post_init__(self) -> None:
         if self.state.is_ended:
@@ -142,9 +146,14 @@ def finish_for(result: Result, action: Action, settings: Settings) -> Finish | N
         case Retry(after=after, reason=reason) if action.attempt < action.max_attempts:
             if after is None:
                 after = backoff(action.attempt, settings.retry_base, settings.retry_cap)
-            return Finish(ActionState.ADMITTED, retry_reason=reason, after=after)
+            return Finish(ActionState.ADMITTED, retry_reason=reason, after=after, retried=True)
         case Retry(reason=reason):
-            return Finish(ActionState.FAILED, StopReason.ATTEMPTS_EXHAUSTED, retry_reason=reason)
+            return Finish(
+                ActionState.FAILED,
+                StopReason.ATTEMPTS_EXHAUSTED,
+                retry_reason=reason,
+                retried=True,
+            )
         case Defer(after=after, reason=reason):
             return Finish(
                 ActionState.ADMITTED, retry_reason=reason, after=after, gives_back_attempt=True

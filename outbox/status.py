@@ -21,6 +21,7 @@ from outbox.operator.pausing import paused_kinds_operation
 from outbox.operator.processes import LIVE_INTERVALS, live_processes_operation
 from outbox.operator.reading import record_operation
 from outbox.operator.records import AttemptRecord
+from outbox.provider_outage import MAX_THRESHOLD
 from outbox.queries import queries_for
 from outbox.state import ActionState
 from outbox.vacuum_horizon import describe_holder, horizon_holders_operation, listing_rule
@@ -234,10 +235,11 @@ def _show(value: Any) -> str:
     return str(json_default(value)) if isinstance(value, datetime | timedelta) else str(value)
 
 
-def render_status(report: StatusReport) -> str:
-    """The human form of ``outbox status``."""
+def render_status(report: StatusReport, outage_threshold: int = 5) -> str:
+    """The human form of ``outbox status``; ``outage_threshold`` as ``Settings``'s."""
     lines = ["kind                 due  oldest_due_s  in_flight  blocked_lanes  states"]
     stalled: list[str] = []
+    retrying: list[str] = []
     for kind in sorted(set(report.counts) | set(report.backlog)):
         b = report.backlog.get(kind, {})
         states = ", ".join(f"{s}={n}" for s, n in sorted(report.counts.get(kind, {}).items()))
@@ -251,9 +253,24 @@ def render_status(report: StatusReport) -> str:
                 f"lease: is a worker pool consuming queue {b.get('queue', '?')}? Claimers claim "
                 "nothing new of this kind meanwhile (no attempt is spent)."
             )
+        if b.get("retrying"):
+            down = 0 < outage_threshold <= b["retrying"]
+            retrying.append(
+                f"  {kind}: {b['retrying']}{'+' if b['retrying'] >= MAX_THRESHOLD else ''} "
+                f"actions answered Retry since its last DONE, the first "
+                f"{b.get('retrying_for', 0.0):.0f}s ago"
+                + (
+                    ": provider down, its actions keep their last attempt until a DONE"
+                    if down
+                    else ""
+                )
+            )
     if stalled:
         lines.append("not consumed:")
         lines.extend(stalled)
+    if retrying:
+        lines.append("retrying providers (docs/operations.md, A provider outage):")
+        lines.extend(retrying)
     for title, items in (
         ("latest UNCERTAIN", report.latest_uncertain),
         ("latest FAILED", report.latest_failed),

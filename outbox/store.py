@@ -463,6 +463,7 @@ def finishes_params(finishes: Sequence[FinishRequest], taker: str = "") -> dict[
         "claimed_ats": TimestamptzArray([r[2] for r in finishes]),
         "fenced": BoolArray([r[3] for r in finishes]),
         "hand_offs": IntervalArray([r[4] for r in finishes]),
+        "retried": BoolArray([r[1].retried for r in finishes]),
         "taker": taker,
     }
 
@@ -649,6 +650,20 @@ class Store:
         claimed and taken under ``lease`` for the caller to run (``Finished.next``). None when
         the finish was not written (the epoch moved)."""
         return await self._finish((token, finish, claimed_at, fenced, lease))
+
+    async def provider_down(self, kind: str, threshold: int, limit: timedelta) -> bool:
+        """Whether ``kind``'s provider is in an outage (``outbox.provider_outage``): at least
+        ``threshold`` distinct actions of it retried since its last DONE, the first less than
+        ``limit`` ago."""
+
+        def op() -> Operation[bool]:
+            rows = yield Statement(
+                queries_for(self.schema)["provider_down"],
+                {"kind": kind, "threshold": threshold, "limit": limit},
+            )
+            return bool(rows and rows[0]["down"])
+
+        return await self.run(op())
 
     async def in_flight(self, kinds: Iterable[str]) -> dict[str, int]:
         """Claimed-and-unfinished actions per kind, with a lease that still runs."""

@@ -136,6 +136,8 @@ def _batch_params(claimed: list[tuple[int, int, Any]]) -> dict[str, dict[str, An
             "fenced": [i % 2 == 0 for i in range(n)],
             # Every end looks for its lane's next action (the hand-off): a probe a row.
             "hand_offs": [LEASE] * n,
+            # The retries count toward their kind's outage row.
+            "retried": [i % 4 == 2 for i in range(n)],
             "taker": "",
         },
     }

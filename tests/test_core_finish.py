@@ -75,6 +75,7 @@ def test_each_result_maps_to_the_one_finish_the_contract_names(result, max_attem
         case Retry(after=after, reason=reason) if attempt < max_attempts:
             assert finish is not None and finish.state is ActionState.ADMITTED
             assert (finish.retry_reason, finish.gives_back_attempt) == (reason, False)
+            assert finish.retried
             assert finish.after is not None
             if after is not None:
                 assert finish.after == after
@@ -83,7 +84,7 @@ def test_each_result_maps_to_the_one_finish_the_contract_names(result, max_attem
                 assert full / 2 <= finish.after <= full
         case Retry(reason=reason):
             assert finish == Finish(
-                ActionState.FAILED, StopReason.ATTEMPTS_EXHAUSTED, retry_reason=reason
+                ActionState.FAILED, StopReason.ATTEMPTS_EXHAUSTED, retry_reason=reason, retried=True
             )
         case Defer(after=after, reason=reason):
             assert finish == Finish(

@@ -36,6 +36,7 @@ def test_migrate_twice_is_a_no_op(make_outbox, database_url, schema):
         "agent_action",
         "agent_action_attempt",
         "agent_action_kind",
+        "agent_action_kind_outage",
         "agent_action_kind_pause",
         "agent_action_lane",
         "agent_action_lane_intake",
@@ -144,6 +145,7 @@ BYTEWISE_KEYS = {
     ("agent_action_lane_intake", "lane_keys"),
     ("agent_action_kind", "name"),
     ("agent_action_kind_pause", "kind"),
+    ("agent_action_kind_outage", "kind"),
     ("agent_action_rate", "bucket"),
 }
 

@@ -820,6 +820,12 @@ SELECT id, epoch FROM fenced
 -- (`taker`), as a take's does; its row is returned beside its predecessor's (`next_*`), with
 -- the payload. A wait (a retry, a deferral)
 -- hands nothing on: the action waits at its lane's head again.
+-- A provider outage (outbox/provider_outage.py): an attempt that ended `Retry` (`retried`: a
+-- wait, an end ATTEMPTS_EXHAUSTED, or an attempt given back during an outage) adds its action to
+-- its kind's outage row, at most 16 distinct ids, the first one's time kept as `since`; a DONE
+-- empties the row of its kind (a kind with both in one statement: the DONE wins). Kinds in
+-- kind order, so two statements lock their rows in the same order. A statement of DONEs alone
+-- writes nothing unless its kind's row holds retries (one probe of a table of few rows).
 WITH finished AS (
 UPDATE {schema}.agent_action a
    SET state = m.state,
@@ -842,9 +848,10 @@ UPDATE {schema}.agent_action a
                       (SELECT %(afters)s::interval[]), (SELECT %(gives_back)s::boolean[]),
                       (SELECT %(error_classes)s::text[]),
                       (SELECT %(claimed_ats)s::timestamptz[]),
-                      (SELECT %(fenced)s::boolean[]), (SELECT %(hand_offs)s::interval[]))
+                      (SELECT %(fenced)s::boolean[]), (SELECT %(hand_offs)s::interval[]),
+                      (SELECT %(retried)s::boolean[]))
                AS u(id, epoch, state, stop_reason, ref, retry_reason, after, gives_back,
-                    error_class, claimed_at, fenced, hand_off)) m
+                    error_class, claimed_at, fenced, hand_off, retried)) m
  WHERE a.id = m.id AND a.epoch = m.epoch AND (a.state = 'EXECUTING') IS TRUE  -- a probe a row
 -- This attempt's fence time: an end keeps write_started_at, a wait moved it to
 -- earlier_write_at (both only meaningful when this attempt passed its fence).
@@ -853,14 +860,42 @@ RETURNING a.id, a.epoch, a.attempt + m.gives_back::int AS attempt, m.state, m.wa
           CASE WHEN m.fenced THEN coalesce(a.write_started_at, a.earlier_write_at) END
               AS fenced_at,
           a.lane_key, a.kind, coalesce(a.limit_key, a.workspace_id, '') AS key,
-          CASE WHEN NOT m.waits THEN m.hand_off END AS hand_off
+          CASE WHEN NOT m.waits THEN m.hand_off END AS hand_off, m.retried
+), outage AS (
+    INSERT INTO {schema}.agent_action_kind_outage AS o (kind, since, retried, last_retry_at)
+    SELECT k.kind, CASE WHEN NOT k.done THEN now() END,
+           CASE WHEN k.done THEN '{}' ELSE k.retried[1:16] END,
+           CASE WHEN NOT k.done THEN now() END
+      FROM (SELECT f.kind, bool_or(f.state = 'DONE') AS done,
+                   array_agg(f.id ORDER BY f.id) FILTER (WHERE f.retried) AS retried
+              FROM finished f
+             GROUP BY f.kind) k
+     WHERE CASE WHEN k.done
+                THEN EXISTS (SELECT 1 FROM {schema}.agent_action_kind_outage r
+                              WHERE r.kind = k.kind AND r.since IS NOT NULL)
+                ELSE k.retried IS NOT NULL END
+     ORDER BY k.kind
+    ON CONFLICT (kind) DO UPDATE
+       SET since = CASE WHEN excluded.since IS NULL THEN NULL
+                        ELSE coalesce(o.since, excluded.since) END,
+           retried = CASE WHEN excluded.since IS NULL THEN '{}'
+                          WHEN cardinality(o.retried) >= 16 THEN o.retried
+                          ELSE (SELECT array_agg(x.id ORDER BY x.first)
+                                  FROM (SELECT r.id, min(r.n) AS first
+                                          FROM unnest(o.retried || excluded.retried)
+                                               WITH ORDINALITY AS r(id, n)
+                                         GROUP BY r.id
+                                         ORDER BY min(r.n)
+                                         LIMIT 16) x) END,
+           last_retry_at = coalesce(excluded.last_retry_at, o.last_retry_at)
 ), history AS (
     INSERT INTO {schema}.agent_action_attempt AS h
         (action_id, epoch, attempt, claimed_at, taken_at, fence_passed_at, ended_at, result,
          reason, provider_ref, error_class)
     SELECT f.id, f.epoch, f.attempt, coalesce(f.claimed_at, now()),
            coalesce(f.claimed_at, now()), f.fenced_at, now(),
-           CASE WHEN f.gives_back THEN 'DEFER' WHEN f.waits THEN 'RETRY' ELSE f.state END,
+           CASE WHEN f.waits AND f.retried THEN 'RETRY' WHEN f.gives_back THEN 'DEFER'
+                WHEN f.waits THEN 'RETRY' ELSE f.state END,
            coalesce(f.retry_reason, f.stop_reason), f.ref, f.error_class
       FROM finished f
     ON CONFLICT (action_id, epoch) DO UPDATE
@@ -932,6 +967,22 @@ SELECT f.id, f.epoch,
        h.lease_left AS next_lease_left
   FROM finished f
   LEFT JOIN handed h ON h.after_id = f.id
+
+-- name: provider_down
+-- Whether a kind's provider is in an outage (outbox/provider_outage.py), asked by an attempt
+-- that would otherwise end ATTEMPTS_EXHAUSTED.
+SELECT cardinality(o.retried) >= %(threshold)s AND o.since > now() - %(limit)s::interval AS down
+  FROM {schema}.agent_action_kind_outage o
+ WHERE o.kind = %(kind)s
+
+-- name: provider_outages
+-- The kinds whose attempts retry now, for status and metrics: the distinct actions since the
+-- kind's last DONE (up to 16), and how long ago the first of them retried (seconds).
+SELECT o.kind, cardinality(o.retried) AS actions,
+       extract(epoch FROM now() - o.since)::float8 AS retrying_for
+  FROM {schema}.agent_action_kind_outage o
+ WHERE o.since IS NOT NULL
+ ORDER BY o.kind
 
 -- name: make_due
 -- Tests only (outbox.testing.drain): every admitted action that waits becomes due now (read

@@ -1,0 +1,56 @@
+"""A kind's provider outage: actions ride it out instead of spending their attempts.
+
+An adapter answers ``Retry`` when its provider proved it holds nothing, and each such attempt
+counts toward the action's ``max_attempts``. One action's attempts ending ``Retry`` say little
+(its own input may be what the provider refuses); several actions' attempts of one kind ending
+``Retry`` with no DONE of the kind between them say its provider is down. Every finish keeps
+that count a kind (``finish_many`` in ``sql/queries.sql``: the distinct actions whose attempts
+ended ``Retry`` since the kind's last DONE, and the first one's time). Only a ``Retry`` the
+adapter returned counts: an exception the executor turned into a retry says nothing of the
+provider (an adapter's bug raises for every action alike).
+
+While ``Settings.outage_threshold`` distinct actions or more are in it, and the first of them
+ended less than ``Settings.outage_limit`` ago, an attempt that would end FAILED
+``ATTEMPTS_EXHAUSTED`` gives its attempt back instead (``ride_out``): the action waits its last
+backoff again and tries once more, for as long as the outage lasts, up to the limit. The first
+DONE of the kind ends the outage. Only the attempt that would exhaust asks (one query), so a kind
+whose provider answers pays nothing for this but the finish's probe of the outage table.
+
+The provider is still called, once an action a backoff (at the defaults 40 to 80 s), so the
+first call after it is back succeeds and the outage ends by itself. An operator who knows the
+provider is down for long pauses the kind instead (``outbox pause``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from outbox.results import Finish, backoff
+from outbox.state import ActionState, StopReason
+
+if TYPE_CHECKING:
+    from outbox.action import Action
+    from outbox.config import Settings
+
+#: The most distinct actions an outage row keeps (``finish_many``): the threshold's ceiling.
+MAX_THRESHOLD = 16
+
+
+def exhausts_on_retry(finish: Finish) -> bool:
+    """Whether ``finish`` ends an action whose last attempt answered ``Retry``."""
+    return finish.retried and finish.stop_reason == StopReason.ATTEMPTS_EXHAUSTED
+
+
+def ride_out(finish: Finish, action: Action, settings: Settings) -> Finish:
+    """The wait that replaces ``finish`` (an exhausting retry) while the provider is down: the
+    attempt is given back and the action waits the backoff of its last attempt, as its last
+    retry did."""
+    after = backoff(action.attempt, settings.retry_base, settings.retry_cap)
+    return replace(
+        finish,
+        state=ActionState.ADMITTED,
+        stop_reason=None,
+        after=after,
+        gives_back_attempt=True,
+    )
