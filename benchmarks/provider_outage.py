@@ -13,8 +13,11 @@ Time runs ten times faster than the defaults' (``OUTBOX_RETRY_BASE_SECONDS=0.5``
 max attempts 5, the default): the short outage of 2 s stands for 20 s at the defaults, the long
 one of 10 s for 100 s. At the defaults an action's five attempts are spent within 37.5 to 75 s
 (the back-off doubles from the base, times a random 0.5 to 1), so an outage longer than that
-fails the actions that met its start. ``provider-outage-long-10-attempts`` runs the long one
-again with 10 attempts an action (at the defaults: 21 to 43 min of back-off).
+would fail the actions that met its start, but for the provider outage
+(``outbox.provider_outage``): once ``OUTBOX_OUTAGE_THRESHOLD`` (5) distinct actions retried with
+no DONE between, an attempt that would exhaust gives its attempt back and waits. The long outage
+runs twice: with that (the default), and with it off (``provider-outage-long-off``,
+``OUTBOX_OUTAGE_THRESHOLD=0``: every attempt counts).
 
 ``ratio``: the actions that met the outage (called the provider while it was down) and still
 ended DONE, over all that met it: 1.0 is an outage that cost no action. ``actions_per_s`` is
@@ -46,12 +49,12 @@ from benchmarks.common import (
 )
 from benchmarks.rig import paced, rig, wait_until
 
-#: The outages, in seconds of this scenario's time (x10 at the default retry base), and the
-#: actions' max attempts: the default's, then the long outage again with twice as many.
+#: The outages, in seconds of this scenario's time (x10 at the default retry base), the
+#: actions' max attempts (the default's) and ``OUTBOX_OUTAGE_THRESHOLD`` (the default's, then off).
 OUTAGES = {
-    "provider-outage-short": (2.0, 5),
-    "provider-outage-long": (10.0, 5),
-    "provider-outage-long-10-attempts": (10.0, 10),
+    "provider-outage-short": (2.0, 5, 5),
+    "provider-outage-long": (10.0, 5, 5),
+    "provider-outage-long-off": (10.0, 5, 0),
 }
 #: The retry base here, and how much faster than the default's (5 s) time runs.
 RETRY_BASE_S = 0.5
@@ -79,9 +82,10 @@ def _ended_after(conn: psycopg.Connection[Any], schema: str, back: float) -> dic
     return {"states": states, "done_after": [after for state, after in rows if state == "DONE"]}
 
 
-def run_outage(scale: Scale, name: str, outage: float, max_attempts: int) -> Result:
+def run_outage(scale: Scale, name: str, outage: float, max_attempts: int, threshold: int) -> Result:
     settings = {
         "OUTBOX_RETRY_BASE_SECONDS": str(RETRY_BASE_S),
+        "OUTBOX_OUTAGE_THRESHOLD": str(threshold),
         "BENCH_PROVIDER_OUTAGE": "1",
     }
     n = int((LEAD + outage + TAIL) * RATE)
@@ -138,6 +142,7 @@ def run_outage(scale: Scale, name: str, outage: float, max_attempts: int) -> Res
             "outage_at_default_base_s": outage * TIME_SCALE,
             "retry_base_s": RETRY_BASE_S,
             "max_attempts": max_attempts,
+            "outage_threshold": threshold,
             "rate_per_s": RATE,
             "met_outage": met,
             "failed": failed,

@@ -90,7 +90,8 @@ class SmtpSink:
         query = "?starttls=true" if self.starttls else ""
         return f"{scheme}://{auth}127.0.0.1:{self.port}{query}"
 
-    def start(self) -> SmtpSink:
+    def start(self, port: int | None = None) -> SmtpSink:
+        """Listens on ``port`` (a relay that comes back where it was), else on a free one."""
         kwargs: dict[str, Any] = {}
         if self.username is not None:
             kwargs.update(
@@ -103,7 +104,7 @@ class SmtpSink:
             kwargs.update(tls_context=self.starttls, require_starttls=True)
         if self.implicit_tls is not None:
             kwargs.update(ssl_context=self.implicit_tls)
-        self.port = free_port()
+        self.port = port or free_port()
         self._controller = _Controller(
             _Handler(self), sink=self, hostname="127.0.0.1", port=self.port, **kwargs
         )

@@ -396,3 +396,25 @@ def test_the_overview_names_what_holds_the_vacuum_horizon_until_it_ends(
         assert re.search(r"&#39;nightly report&#39;, idle in transaction\) open for \d+s", listed)
         holder.rollback()
         assert named not in client.get("/").text
+
+
+def test_the_overview_shows_a_kind_whose_provider_answers_retry(make_outbox, database_url, schema):
+    from outbox import Retry
+    from tests.email_support import run_one_round
+
+    ob = make_outbox()
+    ob.register(NOTE, ScriptedAdapter(lambda attempt: Retry(reason="PROVIDER_DOWN")))
+    ob.migrate()
+    with psycopg.connect(database_url) as conn:
+        for i in range(2):
+            request = ActionRequest(
+                NOTE, lane_key=f"l{i}", idempotency_key=f"r{i}", workspace_id="w"
+            )
+            enqueue(conn, request, schema=schema)
+        conn.commit()
+    with running_console(database_url, schema) as c, httpx.Client(base_url=c.url) as client:
+        assert "data-retrying" not in client.get("/").text
+        run_one_round(ob)
+        page = client.get("/").text
+    row = page.split(f'data-kind="{NOTE.name}"', 1)[1].split("</tr>", 1)[0]
+    assert 'data-retrying="2"' in row and "provider retrying: 2" in row

@@ -1,0 +1,293 @@
+"""A kind's provider outage (``outbox.provider_outage``): once several distinct actions of a kind
+retried with no DONE of it between, an attempt that would end FAILED ATTEMPTS_EXHAUSTED gives its
+attempt back and waits instead, until a DONE of the kind ends the outage. One action retrying
+alone, an adapter's exceptions, an outage past its limit or a threshold of 0 change nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from outbox import ActionKind, ActionRequest, ActionState, Done, Retry, StopReason, enqueue
+from outbox._io import run_sync
+from outbox.config import Settings
+from outbox.errors import ConfigurationError
+from outbox.fence_token import FenceToken
+from outbox.provider_outage import MAX_THRESHOLD
+from outbox.queries import queries_for
+from outbox.results import Finish
+from outbox.status import render_status, status
+from outbox.store import claim_operation, finishes_params
+from tests.email_sink import SmtpSink, free_port
+from tests.email_support import make_mail, run_one_round
+from tests.support import ScriptedAdapter, rows
+
+NOTE = ActionKind("NOTE")
+DOWN = Retry(reason="PROVIDER_DOWN")
+
+
+class Provider:
+    """The script of a ScriptedAdapter: every attempt answers ``Retry`` while ``down``."""
+
+    def __init__(self) -> None:
+        self.down = True
+
+    def __call__(self, attempt):
+        return DOWN if self.down else Done(f"ref-{attempt.id}")
+
+
+def build(make_outbox, script, **overrides):
+    ob = make_outbox(retry_base=timedelta(seconds=0.01), **overrides)
+    ob.register(NOTE, ScriptedAdapter(script))
+    ob.migrate()
+    return ob
+
+
+def put(conn, schema: str, key: str, *, max_attempts: int = 1) -> int:
+    request = ActionRequest(
+        NOTE, lane_key=f"lane-{key}", idempotency_key=key, workspace_id="w",
+        payload={"key": key}, max_attempts=max_attempts,
+    )  # fmt: skip
+    action = enqueue(conn, request, schema=schema)
+    conn.commit()
+    return action.id
+
+
+def outage(conn, schema: str) -> tuple[bool, list[int]]:
+    """(whether the kind's row has a start, its distinct retried actions)."""
+    found = conn.execute(
+        f'SELECT since IS NOT NULL, retried FROM "{schema}".agent_action_kind_outage'
+        " WHERE kind = 'NOTE'"
+    ).fetchone()
+    conn.commit()
+    return (False, []) if found is None else (found[0], list(found[1]))
+
+
+def action(conn, schema: str, action_id: int) -> dict:
+    found = rows(conn, schema, f"id = {action_id}")[0]
+    conn.commit()
+    return found
+
+
+def run_until_idle(ob) -> None:
+    """In-process rounds until nothing is due (waiting actions keep their time)."""
+
+    async def rounds() -> None:
+        async with ob.store() as store:
+            await ob.run_until_idle(ob.executor(store))
+
+    asyncio.run(rounds())
+
+
+def history(conn, schema: str, action_id: int) -> list[str]:
+    results = conn.execute(
+        f'SELECT result FROM "{schema}".agent_action_attempt WHERE action_id = %s ORDER BY epoch',
+        (action_id,),
+    ).fetchall()
+    conn.commit()
+    return [r[0] for r in results]
+
+
+def test_distinct_actions_that_retry_open_an_outage_that_gives_the_last_attempt_back(
+    make_outbox, conn, schema
+):
+    provider = Provider()
+    ob = build(make_outbox, provider, outage_threshold=3)
+    first = [put(conn, schema, f"a{i}", max_attempts=5) for i in range(3)]
+    run_one_round(ob)
+    assert outage(conn, schema) == (True, sorted(first))
+
+    last = put(conn, schema, "last", max_attempts=1)
+    run_one_round(ob)  # its one attempt answers Retry while three others did: kept, not failed
+    kept = action(conn, schema, last)
+    assert (kept["state"], kept["attempt"], kept["stop_reason"]) == ("ADMITTED", 0, None)
+    assert kept["retry_reason"] == "PROVIDER_DOWN"
+    assert history(conn, schema, last) == ["RETRY"]
+
+    provider.down = False
+    run_one_round(ob)
+    assert action(conn, schema, last)["state"] == "DONE"
+    assert all(action(conn, schema, i)["state"] == "DONE" for i in first)
+    assert outage(conn, schema) == (False, [])
+
+    # The outage ended with the DONEs: a retry that runs out now fails as it always did.
+    provider.down = True
+    alone = put(conn, schema, "alone", max_attempts=1)
+    run_one_round(ob)
+    ended = action(conn, schema, alone)
+    assert (ended["state"], ended["stop_reason"]) == ("FAILED", StopReason.ATTEMPTS_EXHAUSTED)
+    assert outage(conn, schema) == (True, [alone])
+
+
+def test_one_action_retrying_alone_never_opens_an_outage(make_outbox, conn, schema):
+    ob = build(make_outbox, Provider(), outage_threshold=2)
+    alone = put(conn, schema, "alone", max_attempts=4)
+    for _ in range(4):
+        run_one_round(ob)
+    ended = action(conn, schema, alone)
+    assert (ended["state"], ended["attempt"]) == ("FAILED", 4)
+    assert outage(conn, schema) == (True, [alone])
+
+
+def test_an_adapters_exceptions_say_nothing_of_its_provider(make_outbox, conn, schema):
+    def raising(attempt):
+        raise RuntimeError("a bug that raises for every action")
+
+    ob = build(make_outbox, raising, outage_threshold=2)
+    ids = [put(conn, schema, f"e{i}") for i in range(4)]
+    run_one_round(ob)
+    assert [action(conn, schema, i)["state"] for i in ids] == ["FAILED"] * 4
+    assert outage(conn, schema) == (False, [])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param({"outage_threshold": 0}, id="threshold-0"),
+        pytest.param({"outage_threshold": 2, "outage_limit": timedelta(seconds=1)}, id="limit"),
+    ],
+)
+def test_an_outage_off_or_past_its_limit_gives_nothing_back(make_outbox, conn, schema, overrides):
+    ob = build(make_outbox, Provider(), **overrides)
+    first = [put(conn, schema, f"a{i}", max_attempts=5) for i in range(3)]
+    run_one_round(ob)
+    assert outage(conn, schema)[1] == first
+    time.sleep(1.1)  # past the 1-s limit (the threshold-0 case waits for nothing)
+    last = put(conn, schema, "last", max_attempts=1)
+    run_one_round(ob)
+    ended = action(conn, schema, last)
+    assert (ended["state"], ended["stop_reason"]) == ("FAILED", StopReason.ATTEMPTS_EXHAUSTED)
+
+
+def test_status_shows_a_retrying_provider_and_whether_it_counts_as_down(make_outbox, conn, schema):
+    ob = build(make_outbox, Provider(), outage_threshold=3)
+    for i in range(2):
+        put(conn, schema, f"a{i}", max_attempts=5)
+    run_one_round(ob)
+    report = status(conn, schema=schema)
+    assert report.backlog["NOTE"]["retrying"] == 2
+    assert "NOTE: 2 actions answered Retry" in render_status(report, 3)
+    assert "provider down" not in render_status(report, 3)
+    assert "provider down" in render_status(report, 2)
+
+
+@pytest.mark.parametrize("threshold", [1, MAX_THRESHOLD + 1, -1])
+def test_a_threshold_outside_its_range_is_refused(threshold):
+    with pytest.raises(ConfigurationError, match="OUTBOX_OUTAGE_THRESHOLD"):
+        Settings(outage_threshold=threshold)
+
+
+# -- the row a finish statement keeps, over any sequence of finishes ------------------------------
+
+ACTIONS = 20
+LEASE = timedelta(minutes=5)
+#: One finish statement: for each action it names, True for a DONE, False for a Retry; the
+#: other live actions claimed with it defer (neither counts).
+STEPS = st.lists(
+    # A DONE one pick in eight, so that runs of retries reach the row's cap of 16.
+    st.dictionaries(
+        st.integers(0, ACTIONS - 1),
+        st.integers(0, 7).map(lambda n: n == 0),
+        min_size=1,
+        max_size=6,
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+def _finish(token: FenceToken, done: bool | None) -> tuple:
+    if done is None:
+        finish = Finish(ActionState.ADMITTED, after=timedelta(0), gives_back_attempt=True)
+    elif done:
+        finish = Finish(ActionState.DONE, StopReason.DONE)
+    else:
+        finish = Finish(ActionState.ADMITTED, after=timedelta(0), retried=True)
+    return (token, finish, None, False, None)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(steps=STEPS)
+def test_the_outage_row_holds_the_distinct_actions_retried_since_the_last_done(
+    make_outbox, database_url, schema, steps
+):
+    ob = make_outbox()
+    ob.register(NOTE, ScriptedAdapter())
+    ob.migrate()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            f"UPDATE \"{schema}\".agent_action_kind_outage SET since = NULL, retried = '{{}}'"
+        )
+        run = f"{time.monotonic_ns()}"
+        ids = [put(conn, schema, f"{run}-{i}", max_attempts=1000) for i in range(ACTIONS)]
+        ended: set[int] = set()
+        expected: list[int] = []
+        for step in steps:
+            # Every live action is claimed (an earlier example's too: it defers).
+            claimed = run_sync(conn, claim_operation(schema, {"NOTE": 1000}, LEASE, take=True))
+            chosen = {ids[i]: done for i, done in step.items() if ids[i] not in ended}
+            finishes = [
+                _finish(FenceToken(c.action.id, c.action.epoch), chosen.get(c.action.id))
+                for c in claimed
+            ]
+            written = conn.execute(
+                queries_for(schema)["finish_many"], finishes_params(finishes)
+            ).fetchall()
+            assert len(written) == len(claimed)
+            assert len({c.action.id for c in claimed} & set(ids)) == ACTIONS - len(ended)
+            if any(chosen.values()):
+                expected = []
+            else:
+                expected += [i for i in sorted(chosen) if i not in expected]
+            ended |= {i for i, done in chosen.items() if done}
+            assert outage(conn, schema) == (bool(expected), expected[:MAX_THRESHOLD])
+
+
+# -- a real relay, down for longer than the emails' retry budget ---------------------------------
+
+RELAY_DOWN_S = 3.0
+
+
+@pytest.mark.parametrize(
+    "threshold", [pytest.param(3, id="outage-rides"), pytest.param(0, id="outage-off")]
+)
+def test_emails_ride_out_a_relay_outage_longer_than_their_retry_budget(
+    make_outbox, database_url, schema, threshold
+):
+    """Six emails meet a relay that refuses connections for 3 s, where their 5 attempts back off
+    0.05 s x (1 + 2 + 4 + 8) x 0.5..1 (at most 0.75 s) in all. With the outage on, every one is
+    sent once the relay is back, exactly once; with it off, every one fails."""
+    port = free_port()
+    mail = make_mail(
+        lambda: make_outbox(retry_base=timedelta(seconds=0.05), outage_threshold=threshold),
+        database_url, schema, f"smtp://127.0.0.1:{port}?timeout=1",
+    )  # fmt: skip
+    ids = [mail.enqueue(idempotency_key=f"rides-{i}", lane_key=f"rides-{i}") for i in range(6)]
+    sink = SmtpSink()
+    started = time.monotonic()
+    try:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            while time.monotonic() - started < 20:
+                if sink.port == 0 and time.monotonic() - started > RELAY_DOWN_S:
+                    sink.start(port)
+                run_until_idle(mail.outbox)  # what is due now, no sooner: real backoffs
+                states = [action(conn, schema, i)["state"] for i in ids]
+                if all(s in ("DONE", "FAILED") for s in states):
+                    break
+                time.sleep(0.02)
+    finally:
+        sink.stop()
+    if threshold:
+        assert states == ["DONE"] * 6
+        assert len(sink.accepted_ids()) == 6 == len(set(sink.accepted_ids()))
+    else:
+        assert states == ["FAILED"] * 6
+        assert sink.accepted_ids() == []
