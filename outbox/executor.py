@@ -279,7 +279,11 @@ class ActionExecutor:
             # An adapter's exception says nothing of its provider: only a Retry the adapter
             # returned counts toward its kind's outage (``outbox.provider_outage``).
             finish = replace(finish, error_class=attempt.error_class, retried=False)
-        if finish is not None and exhausts_on_retry(finish) and await self._provider_down(action):
+        if (
+            finish is not None
+            and exhausts_on_retry(finish, action)
+            and await self._provider_down(action)
+        ):
             finish = ride_out(finish, action, self.settings)
         successor: ClaimedAction | None = None
         finishing_at = time.monotonic()

@@ -12,7 +12,8 @@ provider (an adapter's bug raises for every action alike).
 While ``Settings.outage_threshold`` distinct actions or more are in it, and the first of them
 ended less than ``Settings.outage_limit`` ago, an attempt that would end FAILED
 ``ATTEMPTS_EXHAUSTED`` gives its attempt back instead (``ride_out``): the action waits its last
-backoff again and tries once more, for as long as the outage lasts, up to the limit. The first
+backoff again and tries once more, for as long as the outage lasts, up to the limit. An action
+that allows a single attempt (``max_attempts=1``) is never tried again, outage or not. The first
 DONE of the kind ends the outage. Only the attempt that would exhaust asks (one query), so a kind
 whose provider answers pays nothing for this but the finish's probe of the outage table.
 
@@ -37,9 +38,14 @@ if TYPE_CHECKING:
 MAX_THRESHOLD = 16
 
 
-def exhausts_on_retry(finish: Finish) -> bool:
-    """Whether ``finish`` ends an action whose last attempt answered ``Retry``."""
-    return finish.retried and finish.stop_reason == StopReason.ATTEMPTS_EXHAUSTED
+def exhausts_on_retry(finish: Finish, action: Action) -> bool:
+    """Whether ``finish`` ends an action whose last attempt answered ``Retry``, of an action
+    that allows more than one (``max_attempts=1`` says: never try it again)."""
+    return (
+        finish.retried
+        and finish.stop_reason == StopReason.ATTEMPTS_EXHAUSTED
+        and action.max_attempts > 1
+    )
 
 
 def ride_out(finish: Finish, action: Action, settings: Settings) -> Finish:

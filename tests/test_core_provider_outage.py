@@ -103,12 +103,17 @@ def test_distinct_actions_that_retry_open_an_outage_that_gives_the_last_attempt_
     run_one_round(ob)
     assert outage(conn, schema) == (True, sorted(first))
 
-    last = put(conn, schema, "last", max_attempts=1)
-    run_one_round(ob)  # its one attempt answers Retry while three others did: kept, not failed
+    last = put(conn, schema, "last", max_attempts=2)
+    single = put(conn, schema, "single", max_attempts=1)
+    run_one_round(ob)
+    run_one_round(ob)  # its last attempt answers Retry while three others did: kept, not failed
     kept = action(conn, schema, last)
-    assert (kept["state"], kept["attempt"], kept["stop_reason"]) == ("ADMITTED", 0, None)
+    assert (kept["state"], kept["attempt"], kept["stop_reason"]) == ("ADMITTED", 1, None)
     assert kept["retry_reason"] == "PROVIDER_DOWN"
-    assert history(conn, schema, last) == ["RETRY"]
+    assert history(conn, schema, last) == ["RETRY", "RETRY"]
+    # One attempt allowed is one attempt made, outage or not.
+    ended = action(conn, schema, single)
+    assert (ended["state"], ended["stop_reason"]) == ("FAILED", StopReason.ATTEMPTS_EXHAUSTED)
 
     provider.down = False
     run_one_round(ob)
@@ -118,7 +123,8 @@ def test_distinct_actions_that_retry_open_an_outage_that_gives_the_last_attempt_
 
     # The outage ended with the DONEs: a retry that runs out now fails as it always did.
     provider.down = True
-    alone = put(conn, schema, "alone", max_attempts=1)
+    alone = put(conn, schema, "alone", max_attempts=2)
+    run_one_round(ob)
     run_one_round(ob)
     ended = action(conn, schema, alone)
     assert (ended["state"], ended["stop_reason"]) == ("FAILED", StopReason.ATTEMPTS_EXHAUSTED)
@@ -159,7 +165,8 @@ def test_an_outage_off_or_past_its_limit_gives_nothing_back(make_outbox, conn, s
     run_one_round(ob)
     assert outage(conn, schema)[1] == first
     time.sleep(1.1)  # past the 1-s limit (the threshold-0 case waits for nothing)
-    last = put(conn, schema, "last", max_attempts=1)
+    last = put(conn, schema, "last", max_attempts=2)
+    run_one_round(ob)
     run_one_round(ob)
     ended = action(conn, schema, last)
     assert (ended["state"], ended["stop_reason"]) == ("FAILED", StopReason.ATTEMPTS_EXHAUSTED)

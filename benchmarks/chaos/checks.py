@@ -70,8 +70,9 @@ class Evidence:
     expected_erased: dict[str, set[int]]
     #: How many times a worker took each action (``<watch>.take``).
     takes: Counter[int] = field(default_factory=Counter)
-    #: How many deferrals of each action the outbox wrote (its attempt history's ``DEFER``
-    #: rows): an adapter's Defer whose finish a kill or a restart lost gave nothing back.
+    #: How many attempts of each action the outbox gave back (its attempt history's ``DEFER``
+    #: rows, and the ``RETRY`` rows a provider outage gave back: a later attempt carries the
+    #: same number): an adapter's Defer whose finish a kill or a restart lost gave nothing back.
     recorded_defers: Counter[int] = field(default_factory=Counter)
     #: Injected faults besides the SIGKILLs (``<watch>.fault``): name, before, after.
     faults: list[dict[str, Any]] = field(default_factory=list)
@@ -121,7 +122,10 @@ class Evidence:
             recorded_defers=Counter(
                 r["action_id"]
                 for r in rows(
-                    f"SELECT action_id FROM {o}.agent_action_attempt WHERE result = 'DEFER'"
+                    f"SELECT h.action_id FROM {o}.agent_action_attempt h"
+                    " WHERE h.result = 'DEFER' OR (h.result = 'RETRY' AND EXISTS ("
+                    f"SELECT 1 FROM {o}.agent_action_attempt n WHERE n.action_id = h.action_id"
+                    " AND n.epoch > h.epoch AND n.attempt = h.attempt))"
                 )
             ),
             faults=rows(f"SELECT * FROM {w}.fault ORDER BY id"),
