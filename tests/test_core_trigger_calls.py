@@ -208,6 +208,7 @@ def test_a_batched_claim_fence_and_finish_call_each_trigger_once_a_statement(db,
             "claimed_ats": [None] * 20,
             "fenced": [True] * 20,
             "hand_offs": [None] * 20,
+            "retried": [False] * 20,
             "taker": "",
         },
     ).fetchall()
