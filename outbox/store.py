@@ -33,6 +33,7 @@ from outbox.binary_arrays import (
     TimestamptzArray,
 )
 from outbox.fence_token import FenceToken
+from outbox.provider_outage import outage_note
 from outbox.queries import queries_for
 from outbox.results import Finish
 
@@ -536,8 +537,24 @@ class Store:
 
     async def _finish_many(self, finishes: Sequence[FinishRequest]) -> dict[FenceToken, Finished]:
         # One statement for every finish, one row or many: ends, retries and deferrals alike.
-        rows = await self._rows("finish_many", finishes_params(finishes, self.taker))
-        return {token: Finished(_handed_on(row)) for token, row in _by_token(rows).items()}
+        rows = _by_token(await self._rows("finish_many", finishes_params(finishes, self.taker)))
+        note = outage_note(
+            (request[0].action_id, request[1], rows[request[0]]["outage_kind"])
+            for request in finishes
+            if request[0] in rows
+        )
+        if note is not None:
+            # The finishes are written: a note the database refuses now (it went away, a
+            # deadlock) costs an outage row a few retries or a reset, never a finish.
+            try:
+                await self._rows("provider_outage_note", note)
+            except (psycopg.Error, OSError) as error:
+                log.warning(
+                    "provider outage rows not written (%s): the finishes stand",
+                    type(error).__name__,
+                    extra={"event": "provider_outage_note_failed"},
+                )
+        return {token: Finished(_handed_on(row)) for token, row in rows.items()}
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:

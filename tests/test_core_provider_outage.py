@@ -13,13 +13,14 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg.rows import dict_row
 
 from outbox import ActionKind, ActionRequest, ActionState, Done, Retry, StopReason, enqueue
 from outbox._io import run_sync
 from outbox.config import Settings
 from outbox.errors import ConfigurationError
 from outbox.fence_token import FenceToken
-from outbox.provider_outage import MAX_THRESHOLD
+from outbox.provider_outage import MAX_THRESHOLD, outage_note
 from outbox.queries import queries_for
 from outbox.results import Finish
 from outbox.status import render_status, status
@@ -245,15 +246,28 @@ def test_the_outage_row_holds_the_distinct_actions_retried_since_the_last_done(
                 _finish(FenceToken(c.action.id, c.action.epoch), chosen.get(c.action.id))
                 for c in claimed
             ]
-            written = conn.execute(
-                queries_for(schema)["finish_many"], finishes_params(finishes)
-            ).fetchall()
+            written = {
+                row["id"]: row
+                for row in conn.cursor(row_factory=dict_row)
+                .execute(queries_for(schema)["finish_many"], finishes_params(finishes))
+                .fetchall()
+            }
             assert len(written) == len(claimed)
+            # As Store writes them: the note the finish statement's rows call for, if any.
+            note = outage_note(
+                (token.action_id, finish, written[token.action_id]["outage_kind"])
+                for token, finish, *_ in finishes
+            )
+            if note is not None:
+                conn.execute(queries_for(schema)["provider_outage_note"], note)
             assert len({c.action.id for c in claimed} & set(ids)) == ACTIONS - len(ended)
-            if any(chosen.values()):
+            # A DONE empties a row that holds retries, and its statement's retries do not
+            # count; beside an empty row (the finish does not name the DONE's kind) they do.
+            if expected and any(chosen.values()):
                 expected = []
             else:
-                expected += [i for i in sorted(chosen) if i not in expected]
+                retried = sorted(i for i, done in chosen.items() if not done)
+                expected += [i for i in retried if i not in expected]
             ended |= {i for i, done in chosen.items() if done}
             assert outage(conn, schema) == (bool(expected), expected[:MAX_THRESHOLD])
 
@@ -298,3 +312,24 @@ def test_emails_ride_out_a_relay_outage_longer_than_their_retry_budget(
     else:
         assert states == ["FAILED"] * 6
         assert sink.accepted_ids() == []
+
+
+def test_a_finish_stands_when_its_outage_note_is_refused(make_outbox, conn, schema, caplog):
+    """The note is written after the finishes, in a statement of its own: the database refusing
+    it (here a trigger that raises) loses a count, never an attempt's result."""
+    ob = build(make_outbox, Provider(), outage_threshold=2)
+    conn.execute(
+        f'CREATE FUNCTION "{schema}".refuse() RETURNS trigger LANGUAGE plpgsql AS'
+        " $$ BEGIN RAISE EXCEPTION 'refused'; END $$;"
+        f' CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON "{schema}".agent_action_kind_outage'
+        f' FOR EACH ROW EXECUTE FUNCTION "{schema}".refuse()'
+    )
+    conn.commit()
+    first = put(conn, schema, "a", max_attempts=3)
+    with caplog.at_level("WARNING", logger="outbox.store"):
+        outcomes = run_one_round(ob)
+    assert [(o.action_id, o.recorded) for o in outcomes] == [(first, True)]
+    written = action(conn, schema, first)
+    assert (written["state"], written["attempt"]) == ("ADMITTED", 1)
+    assert outage(conn, schema) == (False, [])
+    assert any(r.__dict__.get("event") == "provider_outage_note_failed" for r in caplog.records)
