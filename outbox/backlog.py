@@ -28,10 +28,6 @@ class KindBacklog:
     retrying: int = 0
     retrying_for: float = 0.0
 
-    def provider_down(self, threshold: int) -> bool:
-        """Whether the kind's provider counts as down (``Settings.outage_threshold``)."""
-        return threshold > 0 and self.retrying >= threshold
-
     @property
     def queue(self) -> str:
         """The Dramatiq queue that carries this kind's messages."""
