@@ -521,3 +521,45 @@ def test_newsletters_enqueued_under_a_busy_pool_never_fail_the_callers_transacti
     assert {r["state"] for r in rows} == {"DONE"}
     assert Counter(c["action_id"] for c in rig.calls()) == dict.fromkeys(ids, 1)
     assert_lanes_held(rig.calls())
+
+
+@pytest.mark.parametrize("threshold", [pytest.param("5", id="on"), pytest.param("0", id="off")])
+def test_worker_processes_ride_out_a_provider_outage_longer_than_the_retry_budget(
+    rig: DispatchRig, threshold: str
+):
+    """Eight at-most-once actions meet a provider that answers Retry for 3 s, where their three
+    attempts back off 0.05 s x (1 + 2) x 0.5..1 (at most 0.15 s) in all. Through a real claimer
+    and two worker processes, with the outage on every one is written exactly once after the
+    provider is back; with it off, every one fails and none is written."""
+    with rig.connect() as conn:
+        conn.execute(f'INSERT INTO "{rig.schema}".dispatch_down DEFAULT VALUES')
+    outbox = rig.outbox()
+    with psycopg.connect(rig.database_url) as conn:
+        ids = [
+            outbox.enqueue(
+                conn,
+                ActionRequest(
+                    rig.amo, lane_key=f"down-{i}", idempotency_key=f"down-{i}",
+                    workspace_id="w1", payload={"retry_while_down": True}, max_attempts=3,
+                ),
+            ).id
+            for i in range(8)
+        ]  # fmt: skip
+    env = {"OUTBOX_RETRY_BASE_SECONDS": "0.05", "OUTBOX_OUTAGE_THRESHOLD": threshold}
+    rig.claimer(**env)
+    rig.worker(processes=2, threads=4, **env)
+    time.sleep(3.0)
+    with rig.connect() as conn:
+        conn.execute(f'DELETE FROM "{rig.schema}".dispatch_down')
+    rows = rig.wait_ended(ids, timeout=60)
+    effects = Counter(e["action_id"] for e in rig.effects())
+    if threshold == "0":
+        assert [(r["state"], r["stop_reason"]) for r in rows] == [
+            ("FAILED", "ATTEMPTS_EXHAUSTED")
+        ] * 8, rig.logs()
+        assert effects == Counter()
+    else:
+        assert [r["state"] for r in rows] == ["DONE"] * 8, rig.logs()
+        assert effects == Counter(ids)
+        # Each rode out the outage on its last attempt, given back while the provider was down.
+        assert all(r["attempt"] == 3 for r in rows), [r["attempt"] for r in rows]

@@ -8,10 +8,12 @@ test (``DISPATCH_APP_SUFFIX``) so their Dramatiq queues are the test's own:
   before writing again;
 - ``AMO_<suffix>``, at-most-once: cannot read back.
 
-Payload knobs: ``sleep`` (seconds before the fence), ``hang_before_fence_attempt`` (on that
-attempt, hang before the fence until killed), ``hang_after_write_attempt`` (on that
-attempt, hang after the write until killed), ``fail_read_back_attempt`` (on that attempt, the
-read-back search raises: an error before the fence). Environment knobs:
+Payload knobs: ``retry_while_down`` (answer ``Retry`` before the fence while the test's
+``dispatch_down`` table holds a row: the provider is down), ``sleep`` (seconds before the
+fence), ``hang_before_fence_attempt`` (on that attempt, hang before the fence until killed),
+``hang_after_write_attempt`` (on that attempt, hang after the write until killed),
+``fail_read_back_attempt`` (on that attempt, the read-back search raises: an error before the
+fence). Environment knobs:
 ``DISPATCH_APP_OWN_BROKER=1`` builds the application's own broker with an actor of its own (an
 existing Dramatiq shop);
 ``DISPATCH_APP_STALL_PUSH=1`` adds a middleware (on the Celery fabric, a ``before_task_publish``
@@ -36,7 +38,7 @@ from dramatiq import Broker
 from dramatiq.middleware import Middleware, default_middleware
 from psycopg_pool import AsyncConnectionPool
 
-from outbox import Abandoned, ActionAttempt, ActionKind, Done, Outbox, Result
+from outbox import Abandoned, ActionAttempt, ActionKind, Done, Outbox, Result, Retry
 from outbox.dispatch import broker_from_url, install
 
 TABLES = """
@@ -53,6 +55,8 @@ CREATE TABLE IF NOT EXISTS {s}.dispatch_effect (
 CREATE TABLE IF NOT EXISTS {s}.dispatch_stall (
     message_id text NOT NULL, args text NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE IF NOT EXISTS {s}.dispatch_down (
+    since timestamptz NOT NULL DEFAULT clock_timestamp());
 CREATE TABLE IF NOT EXISTS {s}.dispatch_shop (
     note text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
 """
@@ -132,6 +136,10 @@ class RecordingAdapter:
             )
             if found:
                 return Done(ref=f"effect-{found[0][0]}")
+        if payload.get("retry_while_down") and await p.execute(
+            "SELECT 1 FROM {s}.dispatch_down", ()
+        ):
+            return Retry(reason="PROVIDER_DOWN")
         if payload.get("sleep"):
             await asyncio.sleep(payload["sleep"])
         if payload.get("hang_before_fence_attempt") == attempt.attempt:
