@@ -115,8 +115,12 @@ def test_backlog_gauges_count_due_age_in_flight_and_blocked_lanes(
     assert 120 <= sample("outbox_oldest_due_age_seconds", kind=GAUGED.name) < 150
     assert sample("outbox_actions_in_flight", kind=GAUGED.name, queue="outbox.gauged") == 1
     assert sample("outbox_lanes_blocked", kind=GAUGED.name) == 1
+    # The two heads that retried are the kind's retrying actions since its last DONE (none yet).
+    assert (item.retrying, sample("outbox_provider_retrying_actions", kind=GAUGED.name)) == (2, 2)
+    assert 0 <= sample("outbox_provider_retrying_seconds", kind=GAUGED.name) < 60
     # The built-in kind is reported too, at zero.
     assert sample("outbox_actions_due", kind="EMAIL") == 0
+    assert sample("outbox_provider_retrying_actions", kind="EMAIL") == 0
 
 
 def test_a_scrape_shows_the_counters_with_their_labels_after_a_drain_of_a_known_mix(
