@@ -31,7 +31,6 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from outbox.binary_arrays import Int8Array, TextArray
 from outbox.results import Finish, backoff
 from outbox.state import ActionState, StopReason
 
@@ -64,6 +63,10 @@ def outage_note(
     )
     if not done and not retries:
         return None
+    # Imported here: the settings import this module (its threshold's ceiling), and a process
+    # that reads a setting and nothing else (``outbox health``) loads no database driver.
+    from outbox.binary_arrays import Int8Array, TextArray
+
     return {
         "resets": TextArray(sorted(done)),
         "kinds": TextArray([kind for kind, _ in retries]),
