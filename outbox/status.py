@@ -235,8 +235,14 @@ def _show(value: Any) -> str:
     return str(json_default(value)) if isinstance(value, datetime | timedelta) else str(value)
 
 
-def render_status(report: StatusReport, outage_threshold: int = 5) -> str:
-    """The human form of ``outbox status``; ``outage_threshold`` as ``Settings``'s."""
+def render_status(
+    report: StatusReport,
+    outage_threshold: int = 5,
+    outage_limit: timedelta = timedelta(hours=24),
+) -> str:
+    """The human form of ``outbox status``; ``outage_threshold`` and ``outage_limit`` as
+    ``Settings``' (whether a retrying provider counts as down, as ``Store.provider_down``
+    decides)."""
     lines = ["kind                 due  oldest_due_s  in_flight  blocked_lanes  states"]
     stalled: list[str] = []
     retrying: list[str] = []
@@ -254,16 +260,17 @@ def render_status(report: StatusReport, outage_threshold: int = 5) -> str:
                 "nothing new of this kind meanwhile (no attempt is spent)."
             )
         if b.get("retrying"):
-            down = 0 < outage_threshold <= b["retrying"]
+            retrying_for = b.get("retrying_for", 0.0)
+            if not 0 < outage_threshold <= b["retrying"]:
+                verdict = ""
+            elif retrying_for < outage_limit.total_seconds():
+                verdict = ": provider down, its actions keep their last attempt until a DONE"
+            else:
+                verdict = ": provider down past OUTBOX_OUTAGE_LIMIT_SECONDS, attempts count again"
             retrying.append(
                 f"  {kind}: {b['retrying']}{'+' if b['retrying'] >= MAX_THRESHOLD else ''} "
-                f"actions answered Retry since its last DONE, the first "
-                f"{b.get('retrying_for', 0.0):.0f}s ago"
-                + (
-                    ": provider down, its actions keep their last attempt until a DONE"
-                    if down
-                    else ""
-                )
+                f"actions answered Retry since its last DONE, the first {retrying_for:.0f}s ago"
+                + verdict
             )
     if stalled:
         lines.append("not consumed:")

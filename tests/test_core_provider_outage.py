@@ -182,7 +182,8 @@ def test_status_shows_a_retrying_provider_and_whether_it_counts_as_down(make_out
     assert report.backlog["NOTE"]["retrying"] == 2
     assert "NOTE: 2 actions answered Retry" in render_status(report, 3)
     assert "provider down" not in render_status(report, 3)
-    assert "provider down" in render_status(report, 2)
+    assert "provider down, its actions keep" in render_status(report, 2)
+    assert "provider down past" in render_status(report, 2, timedelta(seconds=0))
 
 
 @pytest.mark.parametrize("threshold", [1, MAX_THRESHOLD + 1, -1])
