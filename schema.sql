@@ -891,7 +891,6 @@ CREATE TABLE outbox.agent_action_kind_outage (
     kind text NOT NULL COLLATE pg_catalog."C",
     since timestamp with time zone,
     retried bigint[] DEFAULT '{}'::bigint[] NOT NULL,
-    last_retry_at timestamp with time zone,
     CONSTRAINT agent_action_kind_outage_check CHECK (((since IS NULL) = (cardinality(retried) = 0)))
 );
 

@@ -20,6 +20,5 @@ CREATE TABLE agent_action_kind_outage (
     kind text COLLATE "C" PRIMARY KEY REFERENCES agent_action_kind (name) ON DELETE CASCADE,
     since timestamptz,
     retried bigint[] NOT NULL DEFAULT '{}',
-    last_retry_at timestamptz,
     CHECK ((since IS NULL) = (cardinality(retried) = 0))
 );

@@ -951,10 +951,9 @@ SELECT f.id, f.epoch,
 -- `ids` (an attempt of it ended `Retry`, of the kind beside it in `kinds`) joins its kind's row,
 -- at most 16 distinct ids, the first one's time kept as `since`. Kinds in kind order, so that
 -- two statements lock their rows in the same order.
-INSERT INTO {schema}.agent_action_kind_outage AS o (kind, since, retried, last_retry_at)
+INSERT INTO {schema}.agent_action_kind_outage AS o (kind, since, retried)
 SELECT x.kind, CASE WHEN NOT x.reset THEN now() END,
-       CASE WHEN x.reset THEN '{}' ELSE x.ids[1:16] END,
-       CASE WHEN NOT x.reset THEN now() END
+       CASE WHEN x.reset THEN '{}' ELSE x.ids[1:16] END
   FROM (SELECT k.kind, true AS reset, NULL::bigint[] AS ids
           FROM unnest(%(resets)s::text[]) AS k(kind)
         UNION ALL
@@ -973,8 +972,7 @@ ON CONFLICT (kind) DO UPDATE
                                            WITH ORDINALITY AS r(id, n)
                                      GROUP BY r.id
                                      ORDER BY min(r.n)
-                                     LIMIT 16) x) END,
-       last_retry_at = coalesce(excluded.last_retry_at, o.last_retry_at)
+                                     LIMIT 16) x) END
 
 -- name: provider_down
 -- Whether a kind's provider is in an outage (outbox/provider_outage.py), asked by an attempt
