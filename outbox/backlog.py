@@ -6,6 +6,7 @@ clock."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from outbox._io import Operation, Statement
 from outbox.kinds import ActionKind
@@ -48,22 +49,32 @@ def backlog_operation(schema: str) -> Operation[Backlog]:
     due_rows = yield Statement(q["backlog_by_kind"])
     flight_rows = yield Statement(q["executing_by_kind"])
     blocked_rows = yield Statement(q["blocked_lanes_by_kind"])
-    retrying_rows = yield Statement(q["provider_outages"])
+    retrying_rows = yield Statement(q["provider_outages"], {"kind": None})
     retrying = {r["kind"]: (int(r["actions"]), float(r["retrying_for"])) for r in retrying_rows}
     in_flight = {r["kind"]: int(r["n"]) for r in flight_rows}
     unconsumed = {r["kind"]: int(r["unconsumed"]) for r in flight_rows}
     blocked = {r["kind"]: int(r["lanes"]) for r in blocked_rows}
-    kinds = {
-        r["kind"]: KindBacklog(
-            kind=r["kind"],
-            due=int(r["due"]),
-            oldest_due_age=float(r["oldest_due_age"]),
-            in_flight=in_flight.get(r["kind"], 0),
-            blocked_lanes=blocked.get(r["kind"], 0),
-            unconsumed=unconsumed.get(r["kind"], 0),
-            retrying=retrying.get(r["kind"], (0, 0.0))[0],
-            retrying_for=retrying.get(r["kind"], (0, 0.0))[1],
-        )
-        for r in due_rows
-    }
-    return Backlog(kinds)
+    return Backlog(
+        {r["kind"]: _kind_backlog(r, in_flight, unconsumed, blocked, retrying) for r in due_rows}
+    )
+
+
+def _kind_backlog(
+    due: dict[str, Any],
+    in_flight: dict[str, int],
+    unconsumed: dict[str, int],
+    blocked: dict[str, int],
+    retrying: dict[str, tuple[int, float]],
+) -> KindBacklog:
+    kind = due["kind"]
+    actions, retrying_for = retrying.get(kind, (0, 0.0))
+    return KindBacklog(
+        kind=kind,
+        due=int(due["due"]),
+        oldest_due_age=float(due["oldest_due_age"]),
+        in_flight=in_flight.get(kind, 0),
+        blocked_lanes=blocked.get(kind, 0),
+        unconsumed=unconsumed.get(kind, 0),
+        retrying=actions,
+        retrying_for=retrying_for,
+    )

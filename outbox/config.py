@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 from outbox.errors import ConfigurationError
 from outbox.event_loop import loop_factory
 from outbox.limits import parse_limits
-from outbox.provider_outage import MAX_THRESHOLD
+from outbox.provider_outage import DEFAULT_LIMIT, DEFAULT_THRESHOLD, MAX_THRESHOLD
 from outbox.queries import validate_schema
 from outbox.request_checks import DEFAULT_MAX_PAYLOAD_BYTES
 
@@ -70,10 +70,10 @@ class Settings:
     #: ``Retry`` with no DONE of the kind between them; an attempt that would then end FAILED
     #: ATTEMPTS_EXHAUSTED gives its attempt back and waits instead (outbox/provider_outage.py).
     #: 2 to 16; 0 = never: every attempt counts, whatever the kind's other actions do.
-    outage_threshold: int = 5
+    outage_threshold: int = DEFAULT_THRESHOLD
     #: How long after its first retry an outage keeps giving attempts back; past it, actions
     #: spend their attempts again and end FAILED as without an outage.
-    outage_limit: timedelta = timedelta(hours=24)
+    outage_limit: timedelta = DEFAULT_LIMIT
     #: Ended actions are deleted this long after they ended.
     retention: timedelta = timedelta(days=30)
     #: The payload of an action that ended UNCERTAIN, FAILED or CANCELLED is kept this long for

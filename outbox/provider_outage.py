@@ -27,8 +27,10 @@ provider is down for long pauses the kind instead (``outbox pause``).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from dataclasses import replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from outbox.results import Finish, backoff
@@ -41,6 +43,34 @@ if TYPE_CHECKING:
 #: The most distinct actions an outage row keeps (``provider_outage_note``): the threshold's
 #: ceiling.
 MAX_THRESHOLD = 16
+#: ``Settings.outage_threshold`` and ``Settings.outage_limit`` unless configured.
+DEFAULT_THRESHOLD = 5
+DEFAULT_LIMIT = timedelta(hours=24)
+
+
+class OutageVerdict(enum.Enum):
+    """What a kind's outage row says of its provider, under a threshold and a limit."""
+
+    #: Fewer distinct actions retried than the threshold (or the threshold is 0, off): their
+    #: attempts count as without an outage.
+    RETRYING = "retrying"
+    #: Down: an exhausting attempt gives its attempt back.
+    DOWN = "down"
+    #: Down for longer than the limit: attempts count again.
+    PAST_LIMIT = "past_limit"
+
+
+def outage_verdict(
+    actions: int, retrying_for: float, threshold: int, limit: timedelta
+) -> OutageVerdict:
+    """The one rule of "counts as down", for the executor (``Store.provider_down``), ``outbox
+    status`` and the console alike: ``actions`` distinct actions of a kind retried since its last
+    DONE, the first ``retrying_for`` seconds ago (both read off the database and its clock)."""
+    if not 0 < threshold <= actions:
+        return OutageVerdict.RETRYING
+    if retrying_for < limit.total_seconds():
+        return OutageVerdict.DOWN
+    return OutageVerdict.PAST_LIMIT
 
 
 def outage_note(

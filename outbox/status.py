@@ -21,7 +21,13 @@ from outbox.operator.pausing import paused_kinds_operation
 from outbox.operator.processes import LIVE_INTERVALS, live_processes_operation
 from outbox.operator.reading import record_operation
 from outbox.operator.records import AttemptRecord
-from outbox.provider_outage import MAX_THRESHOLD
+from outbox.provider_outage import (
+    DEFAULT_LIMIT,
+    DEFAULT_THRESHOLD,
+    MAX_THRESHOLD,
+    OutageVerdict,
+    outage_verdict,
+)
 from outbox.queries import queries_for
 from outbox.state import ActionState
 from outbox.vacuum_horizon import describe_holder, horizon_holders_operation, listing_rule
@@ -235,14 +241,23 @@ def _show(value: Any) -> str:
     return str(json_default(value)) if isinstance(value, datetime | timedelta) else str(value)
 
 
+_VERDICT_TEXT = {
+    OutageVerdict.RETRYING: "",
+    OutageVerdict.DOWN: ": provider down, its actions keep their last attempt until a DONE",
+    OutageVerdict.PAST_LIMIT: (
+        ": provider down past OUTBOX_OUTAGE_LIMIT_SECONDS, attempts count again"
+    ),
+}
+
+
 def render_status(
     report: StatusReport,
-    outage_threshold: int = 5,
-    outage_limit: timedelta = timedelta(hours=24),
+    outage_threshold: int = DEFAULT_THRESHOLD,
+    outage_limit: timedelta = DEFAULT_LIMIT,
 ) -> str:
     """The human form of ``outbox status``; ``outage_threshold`` and ``outage_limit`` as
-    ``Settings``' (whether a retrying provider counts as down, as ``Store.provider_down``
-    decides)."""
+    ``Settings``' (whether a retrying provider counts as down: ``outage_verdict``, as the
+    executor decides)."""
     lines = ["kind                 due  oldest_due_s  in_flight  blocked_lanes  states"]
     stalled: list[str] = []
     retrying: list[str] = []
@@ -261,16 +276,11 @@ def render_status(
             )
         if b.get("retrying"):
             retrying_for = b.get("retrying_for", 0.0)
-            if not 0 < outage_threshold <= b["retrying"]:
-                verdict = ""
-            elif retrying_for < outage_limit.total_seconds():
-                verdict = ": provider down, its actions keep their last attempt until a DONE"
-            else:
-                verdict = ": provider down past OUTBOX_OUTAGE_LIMIT_SECONDS, attempts count again"
+            verdict = outage_verdict(b["retrying"], retrying_for, outage_threshold, outage_limit)
             retrying.append(
                 f"  {kind}: {b['retrying']}{'+' if b['retrying'] >= MAX_THRESHOLD else ''} "
                 f"actions answered Retry since its last DONE, the first {retrying_for:.0f}s ago"
-                + verdict
+                + _VERDICT_TEXT[verdict]
             )
     if stalled:
         lines.append("not consumed:")

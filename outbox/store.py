@@ -33,7 +33,7 @@ from outbox.binary_arrays import (
     TimestamptzArray,
 )
 from outbox.fence_token import FenceToken
-from outbox.provider_outage import outage_note
+from outbox.provider_outage import OutageVerdict, outage_note, outage_verdict
 from outbox.queries import queries_for
 from outbox.results import Finish
 
@@ -674,11 +674,14 @@ class Store:
         ``limit`` ago."""
 
         def op() -> Operation[bool]:
-            rows = yield Statement(
-                queries_for(self.schema)["provider_down"],
-                {"kind": kind, "threshold": threshold, "limit": limit},
+            rows = yield Statement(queries_for(self.schema)["provider_outages"], {"kind": kind})
+            return (
+                bool(rows)
+                and outage_verdict(
+                    int(rows[0]["actions"]), float(rows[0]["retrying_for"]), threshold, limit
+                )
+                is OutageVerdict.DOWN
             )
-            return bool(rows and rows[0]["down"])
 
         return await self.run(op())
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -68,9 +69,11 @@ def running_console(
     host: str = "127.0.0.1",
     users: str | None = None,
     broker: object = None,
+    **app_options: Any,
 ) -> Iterator[Console]:
+    """A console on its own port; ``app_options`` go to ``create_app``."""
     pool = ConnectionPool(database_url, min_size=1, max_size=4, open=True)
-    server = serve(create_app(pool, schema, broker=broker, users=users), host, 0)
+    server = serve(create_app(pool, schema, broker=broker, users=users, **app_options), host, 0)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

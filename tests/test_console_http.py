@@ -418,3 +418,13 @@ def test_the_overview_shows_a_kind_whose_provider_answers_retry(make_outbox, dat
         page = client.get("/").text
     row = page.split(f'data-kind="{NOTE.name}"', 1)[1].split("</tr>", 1)[0]
     assert 'data-retrying="2"' in row and "provider retrying: 2" in row
+    assert 'data-outage="retrying"' in row and "from 5 (OUTBOX_OUTAGE_THRESHOLD)" in row
+    # The console decides "down" with the executors' settings, as they do.
+    with (
+        running_console(database_url, schema, outage_threshold=2) as c,
+        httpx.Client(base_url=c.url) as client,
+    ):
+        page = client.get("/").text
+    row = page.split(f'data-kind="{NOTE.name}"', 1)[1].split("</tr>", 1)[0]
+    assert 'data-outage="down"' in row and "provider down: 2" in row
+    assert "from 2 (OUTBOX_OUTAGE_THRESHOLD)" in row

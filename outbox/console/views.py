@@ -34,6 +34,7 @@ from outbox.console.health import health
 from outbox.console.queues import serve_queues
 from outbox.errors import ActionNotFound
 from outbox.operator import action_record, live_processes, paused_kinds, recent_audit
+from outbox.provider_outage import outage_verdict
 from outbox.queries import queries_for
 from outbox.state import ActionState
 from outbox.status import status_operation
@@ -75,10 +76,18 @@ def overview() -> str:
         lanes = reads.blocked_lanes(conn, schema, limit=10)
         uncertain = reads.uncertain_page(conn, schema, unresolved=True, limit=10)
     kinds = sorted(set(report.counts) | set(report.backlog))
+    threshold, limit = state()["outage_rule"]
+    outages = {
+        kind: outage_verdict(b["retrying"], b["retrying_for"], threshold, limit).value
+        for kind, b in report.backlog.items()
+        if b.get("retrying")
+    }
     return _page(
         "overview.html",
         report=report,
         kinds=kinds,
+        outages=outages,
+        outage_threshold=threshold,
         chart=chart,
         paused=paused,
         processes=processes,

@@ -974,20 +974,16 @@ ON CONFLICT (kind) DO UPDATE
                                      ORDER BY min(r.n)
                                      LIMIT 16) x) END
 
--- name: provider_down
--- Whether a kind's provider is in an outage (outbox/provider_outage.py), asked by an attempt
--- that would otherwise end ATTEMPTS_EXHAUSTED.
-SELECT cardinality(o.retried) >= %(threshold)s AND o.since > now() - %(limit)s::interval AS down
-  FROM {schema}.agent_action_kind_outage o
- WHERE o.kind = %(kind)s
-
 -- name: provider_outages
--- The kinds whose attempts retry now, for status and metrics: the distinct actions since the
--- kind's last DONE (up to 16), and how long ago the first of them retried (seconds).
+-- The kinds whose attempts retry now: the distinct actions since the kind's last DONE (up to
+-- 16), and how long ago the first of them retried (seconds); one kind's when `kind` is given
+-- (asked by an attempt that would otherwise end ATTEMPTS_EXHAUSTED), every kind's otherwise
+-- (status, metrics, the console). Whether that counts as down is decided in one place,
+-- outbox.provider_outage.outage_verdict.
 SELECT o.kind, cardinality(o.retried) AS actions,
        extract(epoch FROM now() - o.since)::float8 AS retrying_for
   FROM {schema}.agent_action_kind_outage o
- WHERE o.since IS NOT NULL
+ WHERE o.since IS NOT NULL AND (o.kind = %(kind)s::text OR %(kind)s::text IS NULL)
  ORDER BY o.kind
 
 -- name: make_due
