@@ -78,7 +78,11 @@ CREATE FUNCTION outbox.agent_action_claim_round_state(p_limit integer, p_kinds t
     AS $$
 BEGIN
     folded := agent_action_lane_intake(p_limit);
-    SELECT (SELECT coalesce(array_agg(p.kind), '{}') FROM agent_action_kind_pause p),
+    SELECT (SELECT coalesce(array_agg(s.kind), '{}')
+              FROM (SELECT p.kind FROM agent_action_kind_pause p
+                    UNION
+                    SELECT o.kind FROM agent_action_kind_outage o
+                     WHERE o.held_until > now()) s),
            (SELECT coalesce(json_agg(e), '[]')
               FROM (SELECT a.kind,
                            count(*) FILTER (WHERE a.lease_until > now()) AS n,
@@ -891,6 +895,8 @@ CREATE TABLE outbox.agent_action_kind_outage (
     kind text NOT NULL COLLATE pg_catalog."C",
     since timestamp with time zone,
     retried bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    held_until timestamp with time zone,
+    holds integer DEFAULT 0 NOT NULL,
     CONSTRAINT agent_action_kind_outage_check CHECK (((since IS NULL) = (cardinality(retried) = 0)))
 );
 
@@ -1147,6 +1153,10 @@ CREATE INDEX ix_agent_action_ended ON outbox.agent_action USING btree (ended_at)
 -- index ix_agent_action_expiry
 
 CREATE INDEX ix_agent_action_expiry ON outbox.agent_action USING btree (expires_at) WHERE ((state = ANY (ARRAY['PROPOSED'::text, 'ADMITTED'::text])) AND (expires_at IS NOT NULL));
+
+-- index ix_agent_action_kind_outage_held
+
+CREATE INDEX ix_agent_action_kind_outage_held ON outbox.agent_action_kind_outage USING btree (held_until) WHERE (held_until IS NOT NULL);
 
 -- index ix_agent_action_lane_intake_priority
 

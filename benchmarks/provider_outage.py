@@ -16,8 +16,12 @@ one of 10 s for 100 s. At the defaults an action's five attempts are spent withi
 would fail the actions that met its start, but for the provider outage
 (``outbox.provider_outage``): once ``OUTBOX_OUTAGE_THRESHOLD`` (5) distinct actions retried with
 no DONE between, an attempt that would exhaust gives its attempt back and waits. The long outage
-runs twice: with that (the default), and with it off (``provider-outage-long-off``,
-``OUTBOX_OUTAGE_THRESHOLD=0``: every attempt counts).
+runs three times: with that and its hold (the default: once the provider counts as down,
+claims skip the kind for a hold of 5 s at the defaults, doubling to a minute, so its actions
+wait without calling it), with that but no hold (``provider-outage-long-no-hold``,
+``OUTBOX_OUTAGE_HOLD_SECONDS=0``: the down provider is called once an action a backoff), and
+with it off (``provider-outage-long-off``, ``OUTBOX_OUTAGE_THRESHOLD=0``: every attempt
+counts).
 
 ``ratio``: the actions that met the outage (called the provider while it was down) and still
 ended DONE, over all that met it: 1.0 is an outage that cost no action. ``actions_per_s`` is
@@ -49,16 +53,20 @@ from benchmarks.common import (
 )
 from benchmarks.rig import paced, rig, wait_until
 
-#: The outages, in seconds of this scenario's time (x10 at the default retry base), the
-#: actions' max attempts (the default's) and ``OUTBOX_OUTAGE_THRESHOLD`` (the default's, then off).
-OUTAGES = {
-    "provider-outage-short": (2.0, 5, 5),
-    "provider-outage-long": (10.0, 5, 5),
-    "provider-outage-long-off": (10.0, 5, 0),
-}
 #: The retry base here, and how much faster than the default's (5 s) time runs.
 RETRY_BASE_S = 0.5
 TIME_SCALE = 10
+#: ``OUTBOX_OUTAGE_HOLD_SECONDS``: the default's (5 s) in this scenario's time.
+HOLD_S = 0.5
+#: The outages, in seconds of this scenario's time (x10 at the default retry base), the
+#: actions' max attempts (the default's), ``OUTBOX_OUTAGE_THRESHOLD`` (the default's, then off)
+#: and ``OUTBOX_OUTAGE_HOLD_SECONDS`` (the default's, then none).
+OUTAGES = {
+    "provider-outage-short": (2.0, 5, 5, HOLD_S),
+    "provider-outage-long": (10.0, 5, 5, HOLD_S),
+    "provider-outage-long-no-hold": (10.0, 5, 5, 0.0),
+    "provider-outage-long-off": (10.0, 5, 0, HOLD_S),
+}
 #: Actions a second, enqueued from ``LEAD`` s before the outage to ``TAIL`` s after it.
 RATE = 50
 LEAD = 1.0
@@ -82,10 +90,13 @@ def _ended_after(conn: psycopg.Connection[Any], schema: str, back: float) -> dic
     return {"states": states, "done_after": [after for state, after in rows if state == "DONE"]}
 
 
-def run_outage(scale: Scale, name: str, outage: float, max_attempts: int, threshold: int) -> Result:
+def run_outage(
+    scale: Scale, name: str, outage: float, max_attempts: int, threshold: int, hold: float
+) -> Result:
     settings = {
         "OUTBOX_RETRY_BASE_SECONDS": str(RETRY_BASE_S),
         "OUTBOX_OUTAGE_THRESHOLD": str(threshold),
+        "OUTBOX_OUTAGE_HOLD_SECONDS": str(hold),
         "BENCH_PROVIDER_OUTAGE": "1",
     }
     n = int((LEAD + outage + TAIL) * RATE)
@@ -143,6 +154,7 @@ def run_outage(scale: Scale, name: str, outage: float, max_attempts: int, thresh
             "retry_base_s": RETRY_BASE_S,
             "max_attempts": max_attempts,
             "outage_threshold": threshold,
+            "outage_hold_s": hold,
             "rate_per_s": RATE,
             "met_outage": met,
             "failed": failed,

@@ -28,6 +28,8 @@ class KindBacklog:
     #: ``outbox.provider_outage``), and seconds since the first of them did.
     retrying: int = 0
     retrying_for: float = 0.0
+    #: Seconds until claims take the kind again, while its provider's outage holds it.
+    held_for: float = 0.0
 
     @property
     def queue(self) -> str:
@@ -50,7 +52,10 @@ def backlog_operation(schema: str) -> Operation[Backlog]:
     flight_rows = yield Statement(q["executing_by_kind"])
     blocked_rows = yield Statement(q["blocked_lanes_by_kind"])
     retrying_rows = yield Statement(q["provider_outages"], {"kind": None})
-    retrying = {r["kind"]: (int(r["actions"]), float(r["retrying_for"])) for r in retrying_rows}
+    retrying = {
+        r["kind"]: (int(r["actions"]), float(r["retrying_for"]), float(r["held_for"]))
+        for r in retrying_rows
+    }
     in_flight = {r["kind"]: int(r["n"]) for r in flight_rows}
     unconsumed = {r["kind"]: int(r["unconsumed"]) for r in flight_rows}
     blocked = {r["kind"]: int(r["lanes"]) for r in blocked_rows}
@@ -64,10 +69,10 @@ def _kind_backlog(
     in_flight: dict[str, int],
     unconsumed: dict[str, int],
     blocked: dict[str, int],
-    retrying: dict[str, tuple[int, float]],
+    retrying: dict[str, tuple[int, float, float]],
 ) -> KindBacklog:
     kind = due["kind"]
-    actions, retrying_for = retrying.get(kind, (0, 0.0))
+    actions, retrying_for, held_for = retrying.get(kind, (0, 0.0, 0.0))
     return KindBacklog(
         kind=kind,
         due=int(due["due"]),
@@ -77,4 +82,5 @@ def _kind_backlog(
         unconsumed=unconsumed.get(kind, 0),
         retrying=actions,
         retrying_for=retrying_for,
+        held_for=held_for,
     )

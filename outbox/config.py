@@ -11,7 +11,13 @@ from urllib.parse import urlparse
 from outbox.errors import ConfigurationError
 from outbox.event_loop import loop_factory
 from outbox.limits import parse_limits
-from outbox.provider_outage import DEFAULT_LIMIT, DEFAULT_THRESHOLD, MAX_THRESHOLD
+from outbox.provider_outage import (
+    DEFAULT_HOLD,
+    DEFAULT_LIMIT,
+    DEFAULT_THRESHOLD,
+    MAX_THRESHOLD,
+    OutageRule,
+)
 from outbox.queries import validate_schema
 from outbox.request_checks import DEFAULT_MAX_PAYLOAD_BYTES
 
@@ -74,6 +80,11 @@ class Settings:
     #: How long after its first retry an outage keeps giving attempts back; past it, actions
     #: spend their attempts again and end FAILED as without an outage.
     outage_limit: timedelta = DEFAULT_LIMIT
+    #: The first hold of a kind whose provider counts as down: claims skip the kind this long,
+    #: then take its due actions again; each further hold of the same outage is twice the last,
+    #: up to 12 times the first (outbox/provider_outage.py). 0 = no hold: the down provider is
+    #: still called once an action a backoff.
+    outage_hold: timedelta = DEFAULT_HOLD
     #: Ended actions are deleted this long after they ended.
     retention: timedelta = timedelta(days=30)
     #: The payload of an action that ended UNCERTAIN, FAILED or CANCELLED is kept this long for
@@ -175,6 +186,8 @@ class Settings:
             raise ConfigurationError(
                 f"{env_name('outage_threshold')}: must be 0 (off) or 2 to {MAX_THRESHOLD}"
             )
+        if self.outage_hold < timedelta(0):
+            raise ConfigurationError(f"{env_name('outage_hold')}: must be >= 0")
         for name in ("confirm_threshold", "hand_off"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"{env_name(name)}: must be >= 0")
@@ -185,6 +198,11 @@ class Settings:
             _check_database_url(self.database_url)
         if self.broker_url is not None:
             _check_broker_url(self.broker_url)
+
+    @property
+    def outage_rule(self) -> OutageRule:
+        """When a kind's provider counts as down, and how long its first hold lasts."""
+        return OutageRule(self.outage_threshold, self.outage_limit, self.outage_hold)
 
     def require_database_url(self) -> str:
         if not self.database_url:

@@ -219,6 +219,12 @@ PROVIDER_RETRYING_FOR = Gauge(
     ["kind"],
     multiprocess_mode="livemostrecent",
 )
+PROVIDER_HELD_FOR = Gauge(
+    "outbox_provider_held_seconds",
+    "Seconds until claims take a kind again while its provider's outage holds it (0 when not held)",
+    ["kind"],
+    multiprocess_mode="livemostrecent",
+)
 
 
 VACUUM_HORIZON_HELD = Gauge(
@@ -302,6 +308,7 @@ def set_backlog_gauges(backlog: Backlog) -> None:
         UNCONSUMED.labels(kind=item.kind).set(item.unconsumed)
         PROVIDER_RETRYING.labels(kind=item.kind).set(item.retrying)
         PROVIDER_RETRYING_FOR.labels(kind=item.kind).set(item.retrying_for)
+        PROVIDER_HELD_FOR.labels(kind=item.kind).set(item.held_for)
 
 
 def record_given_back(reason: str, claims: int) -> None:

@@ -131,6 +131,11 @@ class Outbox:
 
     # -- the executing side ---------------------------------------------------------------------
 
+    def _store(self, pool: AsyncConnectionPool) -> Store:
+        store = Store(pool, self.schema, self.settings.lease)
+        store.outage_rule = self.settings.outage_rule
+        return store
+
     @asynccontextmanager
     async def store(
         self, pool: AsyncConnectionPool | None = None, *, generic_plans: bool = False
@@ -152,7 +157,7 @@ class Outbox:
                     " of your own, make its connections with"
                     " options='-c plan_cache_mode=force_generic_plan'"
                 )
-            yield Store(pool, self.schema, self.settings.lease)
+            yield self._store(pool)
             return
         schema, lease = self.schema, self.settings.lease
 
@@ -171,7 +176,7 @@ class Outbox:
         )
         await own.open(wait=True)
         try:
-            yield Store(own, self.schema, self.settings.lease)
+            yield self._store(own)
         finally:
             await own.close()
 

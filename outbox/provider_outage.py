@@ -20,16 +20,23 @@ and only a finish statement that ended a retry, or a DONE of a kind whose row ho
 writes the row: while every provider answers, the finishes read an empty table and write
 nothing more.
 
-The provider is still called, once an action a backoff (at the defaults 40 to 80 s), so the
-first call after it is back succeeds and the outage ends by itself. An operator who knows the
-provider is down for long pauses the kind instead (``outbox pause``).
+Once the kind counts as down, claims hold it too (``Settings.outage_hold``): a finish statement
+whose retries find the kind down and not held holds it (``holds_called_for``), and claims skip a
+held kind as they skip a paused one, so its actions wait without calling the provider or
+spending attempts. When the hold ends, claims take one action of the kind at a time (a probe,
+``claim_heads``): its DONE ends the outage and the hold, and the rest follow; its retry holds
+the kind again, each hold twice the last up to ``HOLD_CEILING`` times the first. So a down
+provider takes about one call a hold instead of one an action a backoff, and the first call
+after it is back succeeds and the outage ends by itself. Past ``Settings.outage_limit`` the kind
+is released (claims take it as before, and attempts count). An operator who knows the provider
+is down for long pauses the kind instead (``outbox pause``).
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -43,9 +50,62 @@ if TYPE_CHECKING:
 #: The most distinct actions an outage row keeps (``provider_outage_note``): the threshold's
 #: ceiling.
 MAX_THRESHOLD = 16
-#: ``Settings.outage_threshold`` and ``Settings.outage_limit`` unless configured.
+#: ``Settings.outage_threshold``, ``Settings.outage_limit`` and ``Settings.outage_hold`` unless
+#: configured.
 DEFAULT_THRESHOLD = 5
 DEFAULT_LIMIT = timedelta(hours=24)
+DEFAULT_HOLD = timedelta(seconds=5)
+#: The longest hold, in first holds: each hold of one outage is twice the last, up to this many
+#: times the first (a minute at the default). A provider back from an outage waits at most
+#: this long for its next call.
+HOLD_CEILING = 12
+
+
+@dataclass(frozen=True, slots=True)
+class OutageRule:
+    """When a kind's provider counts as down (``outage_verdict``), and how long a hold of it
+    starts (a zero ``hold``: no hold). ``Settings.outage_rule`` gives the configured one."""
+
+    threshold: int = DEFAULT_THRESHOLD
+    limit: timedelta = DEFAULT_LIMIT
+    hold: timedelta = DEFAULT_HOLD
+
+    def down(self, row: dict[str, Any]) -> bool:
+        """Whether an outage row's numbers (``actions``, ``retrying_for``) say down."""
+        verdict = outage_verdict(
+            int(row["actions"]), float(row["retrying_for"]), self.threshold, self.limit
+        )
+        return verdict is OutageVerdict.DOWN
+
+    def hold_for(self, holds: int) -> timedelta:
+        """The length of a kind's next hold after ``holds`` holds in the same outage."""
+        return self.hold * min(2 ** min(holds, 16), HOLD_CEILING)
+
+
+def holds_called_for(rows: Iterable[dict[str, Any]], rule: OutageRule) -> dict[str, Any] | None:
+    """The ``provider_outage_hold`` that the rows a ``provider_outage_note`` returned call for:
+    each kind down by ``rule`` and not held now, with its next hold's length; and each kind
+    held before that no longer counts as down (past ``rule.limit``), released (a NULL length).
+    None for neither (and always when ``rule.hold`` is zero)."""
+    if not rule.hold:
+        return None
+    changes: list[tuple[str, timedelta | None]] = []
+    for row in rows:
+        if row["held"] or not row["actions"]:
+            continue
+        if rule.down(row):
+            changes.append((row["kind"], rule.hold_for(int(row["holds"]))))
+        elif row["holds"]:
+            changes.append((row["kind"], None))
+    if not changes:
+        return None
+    from outbox.binary_arrays import IntervalArray, TextArray
+
+    changes.sort(key=lambda change: change[0])
+    return {
+        "kinds": TextArray([kind for kind, _ in changes]),
+        "fors": IntervalArray([hold for _, hold in changes]),
+    }
 
 
 class OutageVerdict(enum.Enum):

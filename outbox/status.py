@@ -281,6 +281,11 @@ def render_status(
                 f"  {kind}: {b['retrying']}{'+' if b['retrying'] >= MAX_THRESHOLD else ''} "
                 f"actions answered Retry since its last DONE, the first {retrying_for:.0f}s ago"
                 + _VERDICT_TEXT[verdict]
+                + (
+                    f"; claims hold it for another {b['held_for']:.0f}s"
+                    if b.get("held_for")
+                    else ""
+                )
             )
     if stalled:
         lines.append("not consumed:")

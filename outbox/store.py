@@ -33,7 +33,13 @@ from outbox.binary_arrays import (
     TimestamptzArray,
 )
 from outbox.fence_token import FenceToken
-from outbox.provider_outage import OutageVerdict, outage_note, outage_verdict
+from outbox.provider_outage import (
+    OutageRule,
+    OutageVerdict,
+    holds_called_for,
+    outage_note,
+    outage_verdict,
+)
 from outbox.queries import queries_for
 from outbox.results import Finish
 
@@ -492,6 +498,9 @@ class Store:
         #: so that a claimer can give its taken, unfenced attempts back once its heartbeat stops
         #: (``outbox.maintenance.lost_workers``).
         self.taker = ""
+        #: When a kind's provider counts as down and how long a hold of it lasts: the store
+        #: holds a kind its finishes find down (``outbox.provider_outage``).
+        self.outage_rule = OutageRule()
         # Group commit (outbox.batching): concurrent takes, fences and finishes of this
         # process share statements; each row keeps its own epoch check.
         self._take: GroupWriter[FenceToken, FenceToken, ClaimedAction] = GroupWriter(
@@ -547,7 +556,11 @@ class Store:
             # The finishes are written: a note the database refuses now (it went away, a
             # deadlock) costs an outage row a few retries or a reset, never a finish.
             try:
-                await self._rows("provider_outage_note", note)
+                hold = holds_called_for(
+                    await self._rows("provider_outage_note", note), self.outage_rule
+                )
+                if hold is not None:
+                    await self._rows("provider_outage_hold", hold)
             except (psycopg.Error, OSError) as error:
                 log.warning(
                     "provider outage rows not written (%s): the finishes stand",

@@ -40,11 +40,12 @@ async def drain_async(
 ) -> DrainReport:
     """Makes every waiting action due and runs the executor in-process until nothing is due.
 
-    Retries and deferrals are made due again at once, so a test sees an action's whole life in
-    one call. Raises ``DrainDidNotSettle`` when actions are still due after ``max_rounds``
-    rounds or ``timeout`` seconds (an adapter that defers forever, say). ``concurrency`` rounds
-    overlap (``Outbox.run_until_idle``); each runs housekeeping and makes waiting actions due
-    before its claim, and the report lists the rounds in the order they ended.
+    Retries and deferrals are made due again at once, and a down provider's hold of its kind
+    ends at once, so a test sees an action's whole life in one call. Raises
+    ``DrainDidNotSettle`` when actions are still due after ``max_rounds`` rounds or ``timeout``
+    seconds (an adapter that defers forever, say). ``concurrency`` rounds overlap
+    (``Outbox.run_until_idle``); each runs housekeeping and makes waiting actions due before
+    its claim, and the report lists the rounds in the order they ended.
     """
     report = DrainReport()
     started = time.monotonic()
@@ -77,7 +78,8 @@ async def drain_async(
 
 
 def make_due_operation(schema: str) -> Operation[None]:
-    """Every admitted action that waits (a retry's backoff, a deferral) becomes due now."""
+    """Every admitted action that waits (a retry's backoff, a deferral) becomes due now, and
+    every hold of a kind whose provider is down ends (``outbox.provider_outage``)."""
     yield Statement(queries_for(schema)["make_due"])
 
 

@@ -148,6 +148,15 @@ def _paused(ob, conn, schema: str) -> None:
     pause(conn, "NOTE", actor="test", schema=schema)
 
 
+def _held(ob, conn, schema: str) -> None:
+    """Its kind's provider is down and its outage holds the kind (``outbox.provider_outage``)."""
+    enqueue_many(conn, [_request(1)], schema=schema)
+    conn.execute(
+        f'INSERT INTO "{schema}".agent_action_kind_outage (kind, since, retried, held_until,'
+        " holds) VALUES ('NOTE', now(), '{7, 8}', now() + interval '1 hour', 1)"
+    )
+
+
 SUCCESSORS = {
     "of another kind": lambda ob, conn, schema: enqueue_many(
         conn, [_request(1, kind=OTHER)], schema=schema
@@ -161,6 +170,7 @@ SUCCESSORS = {
     "not due yet": _later,
     "expired": _expired,
     "of a paused kind": _paused,
+    "of a kind its provider's outage holds": _held,
 }
 
 
@@ -169,8 +179,8 @@ def test_a_successor_the_claimer_would_not_give_this_worker_is_not_handed_on(
     make_outbox, database_url, schema, conn, successor
 ):
     """A successor of another kind or limit key (another worker pool, another key's cap), not
-    admitted, not due, expired or paused stays where the claimer finds it (or, paused, leaves
-    it): the end is written, nothing else moves."""
+    admitted, not due, expired, paused or held by its provider's outage stays where the claimer
+    finds it (or, paused or held, leaves it): the end is written, nothing else moves."""
     ob = _outbox(make_outbox)
     (first,) = enqueue_many(conn, [_request(0)], schema=schema)
     conn.commit()

@@ -46,7 +46,7 @@ def _enqueue(conn: psycopg.Connection, schema: str, prefix: str, n: int) -> None
 
 
 #: How ``claim_heads`` begins: its prepared statement is found by it.
-CLAIM_HEADS = "WITH RECURSIVE paused AS"
+CLAIM_HEADS = "WITH RECURSIVE outage AS"
 
 
 async def _plans(conn: psycopg.AsyncConnection[Any], *markers: str) -> dict[str, dict[str, Any]]:

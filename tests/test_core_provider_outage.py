@@ -20,7 +20,7 @@ from outbox._io import run_sync
 from outbox.config import Settings
 from outbox.errors import ConfigurationError
 from outbox.fence_token import FenceToken
-from outbox.provider_outage import MAX_THRESHOLD, outage_note
+from outbox.provider_outage import MAX_THRESHOLD, OutageRule, holds_called_for, outage_note
 from outbox.queries import queries_for
 from outbox.results import Finish
 from outbox.status import render_status, status
@@ -184,6 +184,151 @@ def test_status_shows_a_retrying_provider_and_whether_it_counts_as_down(make_out
     assert "provider down" not in render_status(report, 3)
     assert "provider down, its actions keep" in render_status(report, 2)
     assert "provider down past" in render_status(report, 2, timedelta(seconds=0))
+
+
+def claim_round(ob) -> set[int]:
+    """One claim-and-run round as a claimer's clock sees it (no backoff or hold cut short): the
+    actions it ran."""
+
+    async def round_() -> set[int]:
+        async with ob.store() as store:
+            return {o.action_id for o in await ob.claim_and_run(ob.executor(store))}
+
+    return asyncio.run(round_())
+
+
+def hold(conn, schema: str) -> tuple[float, int]:
+    """(seconds until the kind's hold ends, 0 when not held; holds so far in its outage)."""
+    found = conn.execute(
+        "SELECT coalesce(greatest(extract(epoch FROM held_until - clock_timestamp()), 0),"
+        " 0)::float8, holds"
+        f' FROM "{schema}".agent_action_kind_outage WHERE kind = %s',
+        (NOTE.name,),
+    ).fetchone()
+    conn.commit()
+    return (0.0, 0) if found is None else (found[0], found[1])
+
+
+def test_a_down_provider_holds_its_kind_so_its_actions_wait_without_calling_it(
+    make_outbox, conn, schema
+):
+    provider = Provider()
+    calls: list[int] = []
+
+    def counted(attempt):
+        calls.append(attempt.id)
+        return provider(attempt)
+
+    ob = build(make_outbox, counted, outage_threshold=2, outage_hold=timedelta(seconds=2))
+    first = [put(conn, schema, f"a{i}", max_attempts=5) for i in range(2)]
+    assert claim_round(ob) == set(first)  # both answer Retry: down, so held
+    held_for, holds = hold(conn, schema)
+    assert 0 < held_for <= 2 and holds == 1
+
+    new = put(conn, schema, "new", max_attempts=5)
+    time.sleep(0.05)  # the first two's backoff (0.01 s) is over: all three are due
+    assert claim_round(ob) == set()
+    assert calls == first and action(conn, schema, new)["attempt"] == 0
+    assert history(conn, schema, new) == []
+    text = render_status(status(conn, schema=schema), 2)
+    assert "provider down" in text and "claims hold it for another" in text
+
+    time.sleep(held_for + 0.05)
+    # The hold is over: one action probes the provider, and its retry holds the kind again.
+    probe = claim_round(ob)
+    assert len(probe) == 1 and len(calls) == 3
+    held_for, holds = hold(conn, schema)
+    assert 2 < held_for <= 4 and holds == 2  # twice the last
+
+    provider.down = False
+    end_hold(conn, schema)  # as if its 4 s went by
+    probe = claim_round(ob)
+    assert len(probe) == 1 and len(calls) == 4
+    # Its DONE ended the outage and the hold: the others follow at once.
+    assert outage(conn, schema) == (False, []) and hold(conn, schema) == (0.0, 0)
+    assert claim_round(ob) == {*first, new} - probe
+    assert {action(conn, schema, i)["state"] for i in (*first, new)} == {"DONE"}
+
+
+def end_hold(conn, schema: str) -> None:
+    conn.execute(
+        f'UPDATE "{schema}".agent_action_kind_outage SET held_until = now() WHERE holds > 0'
+    )
+    conn.commit()
+
+
+def test_after_a_hold_the_kind_is_claimed_one_action_at_a_time(make_outbox, conn, schema):
+    """Between holds a claim takes one action of the kind, and none while one runs under a live
+    lease: the probe. A lease that ran out does not block it (its reclaim is the probe)."""
+    ob = build(make_outbox, Provider(), outage_threshold=2)
+    ids = [put(conn, schema, f"p{i}", max_attempts=5) for i in range(3)]
+    conn.execute(
+        f'INSERT INTO "{schema}".agent_action_kind_outage (kind, since, retried, held_until,'
+        " holds) VALUES ('NOTE', now(), %s, now() - interval '1 s', 1)",
+        (ids[:2],),
+    )
+    conn.commit()
+
+    async def claims(lease: timedelta) -> list[list[int]]:
+        async with ob.store() as store:
+            return [
+                [c.action.id for c in await store.claim({NOTE.name: 10}, lease)] for _ in range(2)
+            ]
+
+    first, second = asyncio.run(claims(ob.settings.lease))
+    assert len(first) == 1 and second == []
+    conn.execute(
+        f"UPDATE \"{schema}\".agent_action SET lease_until = now() WHERE state = 'EXECUTING'"
+    )
+    conn.commit()
+    reclaimed, then = asyncio.run(claims(ob.settings.lease))
+    assert reclaimed == first and then == []
+
+
+def test_a_hold_past_the_outage_limit_is_released():
+    rule = OutageRule(threshold=2, limit=timedelta(seconds=60), hold=timedelta(seconds=5))
+    row = {"kind": "K", "actions": 3, "retrying_for": 10.0, "held": None, "holds": 0}
+    assert holds_called_for([row], rule)["fors"] == [timedelta(seconds=5)]
+    assert holds_called_for([{**row, "holds": 2}], rule)["fors"] == [timedelta(seconds=20)]
+    assert holds_called_for([{**row, "held": True}], rule) is None
+    past = {**row, "retrying_for": 61.0}
+    assert holds_called_for([past], rule) is None  # never held: nothing to release
+    assert holds_called_for([{**past, "holds": 3}], rule)["fors"] == [None]
+    assert holds_called_for([row], OutageRule(threshold=2, hold=timedelta(0))) is None
+
+
+def test_without_a_hold_a_down_providers_kind_is_claimed_as_before(make_outbox, conn, schema):
+    ob = build(make_outbox, Provider(), outage_threshold=2, outage_hold=timedelta(0))
+    first = [put(conn, schema, f"a{i}", max_attempts=5) for i in range(2)]
+    claim_round(ob)
+    new = put(conn, schema, "new", max_attempts=5)
+    time.sleep(0.05)
+    assert claim_round(ob) == {*first, new}
+    assert hold(conn, schema) == (0.0, 0)
+
+
+def test_the_hold_doubles_up_to_its_ceiling():
+    rule = OutageRule(hold=timedelta(seconds=5))
+    assert [rule.hold_for(n).total_seconds() for n in range(6)] == [5, 10, 20, 40, 60, 60]
+    assert OutageRule(hold=timedelta(seconds=0.5)).hold_for(9) == timedelta(seconds=6)
+    assert OutageRule(hold=timedelta(0)).hold_for(3) == timedelta(0)
+
+
+def test_a_claim_round_of_a_claimer_skips_a_held_kind_as_a_paused_one(make_outbox, conn, schema):
+    build(make_outbox, Provider())
+    state = queries_for(schema)["claim_round_state"]
+    params = {"limit": 10, "kinds": [NOTE.name]}
+    assert conn.execute(state, params).fetchone()[1] == []
+    conn.execute(
+        f'INSERT INTO "{schema}".agent_action_kind_outage (kind, since, retried, held_until,'
+        " holds) VALUES ('NOTE', now(), '{1, 2}', now() + interval '1 hour', 1)"
+    )
+    assert conn.execute(state, params).fetchone()[1] == [NOTE.name]
+    conn.execute(
+        f"UPDATE \"{schema}\".agent_action_kind_outage SET held_until = now() - interval '1 s'"
+    )
+    assert conn.execute(state, params).fetchone()[1] == []
+    conn.rollback()
 
 
 @pytest.mark.parametrize("threshold", [1, MAX_THRESHOLD + 1, -1])

@@ -523,14 +523,25 @@ def test_newsletters_enqueued_under_a_busy_pool_never_fail_the_callers_transacti
     assert_lanes_held(rig.calls())
 
 
-@pytest.mark.parametrize("threshold", [pytest.param("5", id="on"), pytest.param("0", id="off")])
+OUTAGE_SETTINGS = {
+    "held": {"OUTBOX_OUTAGE_THRESHOLD": "5"},
+    "ridden out": {"OUTBOX_OUTAGE_THRESHOLD": "5", "OUTBOX_OUTAGE_HOLD_SECONDS": "0"},
+    "off": {"OUTBOX_OUTAGE_THRESHOLD": "0"},
+}
+
+
+@pytest.mark.parametrize("outage", sorted(OUTAGE_SETTINGS))
 def test_worker_processes_ride_out_a_provider_outage_longer_than_the_retry_budget(
-    rig: DispatchRig, threshold: str
+    rig: DispatchRig, outage: str
 ):
     """Eight at-most-once actions meet a provider that answers Retry for 3 s, where their three
     attempts back off 0.05 s x (1 + 2) x 0.5..1 (at most 0.15 s) in all. Through a real claimer
-    and two worker processes, with the outage on every one is written exactly once after the
-    provider is back; with it off, every one fails and none is written."""
+    and two worker processes: with the outage on, every one is written exactly once after the
+    provider is back; with it off, every one fails and none is written. Without a hold, each
+    rides the outage out on its last attempt, given back while the provider is down, and calls
+    the provider once a backoff; with the hold (5 s at the defaults, longer than the outage)
+    the claimer stops claiming the kind once it counts as down, and the provider takes no call
+    an action more than its attempts allow before the hold."""
     with rig.connect() as conn:
         conn.execute(f'INSERT INTO "{rig.schema}".dispatch_down DEFAULT VALUES')
     outbox = rig.outbox()
@@ -545,21 +556,33 @@ def test_worker_processes_ride_out_a_provider_outage_longer_than_the_retry_budge
             ).id
             for i in range(8)
         ]  # fmt: skip
-    env = {"OUTBOX_RETRY_BASE_SECONDS": "0.05", "OUTBOX_OUTAGE_THRESHOLD": threshold}
+    env = {"OUTBOX_RETRY_BASE_SECONDS": "0.05", **OUTAGE_SETTINGS[outage]}
     rig.claimer(**env)
     rig.worker(processes=2, threads=4, **env)
     time.sleep(3.0)
     with rig.connect() as conn:
-        conn.execute(f'DELETE FROM "{rig.schema}".dispatch_down')
+        back = conn.execute(
+            f'DELETE FROM "{rig.schema}".dispatch_down RETURNING clock_timestamp() AS back'
+        ).fetchone()["back"]
     rows = rig.wait_ended(ids, timeout=60)
     effects = Counter(e["action_id"] for e in rig.effects())
-    if threshold == "0":
+    with rig.connect() as conn:
+        calls_while_down = conn.execute(
+            f'SELECT count(*) AS n FROM "{rig.schema}".dispatch_call WHERE started_at < %s',
+            (back,),
+        ).fetchone()["n"]
+    if outage == "off":
         assert [(r["state"], r["stop_reason"]) for r in rows] == [
             ("FAILED", "ATTEMPTS_EXHAUSTED")
         ] * 8, rig.logs()
         assert effects == Counter()
-    else:
-        assert [r["state"] for r in rows] == ["DONE"] * 8, rig.logs()
-        assert effects == Counter(ids)
+        return
+    assert [r["state"] for r in rows] == ["DONE"] * 8, rig.logs()
+    assert effects == Counter(ids)
+    if outage == "ridden out":
         # Each rode out the outage on its last attempt, given back while the provider was down.
         assert all(r["attempt"] == 3 for r in rows), [r["attempt"] for r in rows]
+        assert calls_while_down > 8 * 3, calls_while_down
+    else:
+        assert all(r["attempt"] <= 3 for r in rows), [r["attempt"] for r in rows]
+        assert calls_while_down <= 8 * 3, calls_while_down

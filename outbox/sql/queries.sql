@@ -127,8 +127,9 @@ RETURNING *, false AS created
 -- name: lane_intake
 -- Folds up to `limit` lanes of the lane intake (what enqueues, admits, refusals, expiries and
 -- erasures left) into the lane rows, before a claim reads them (function in migration 0015).
--- Never waits on a lane row; returns how many lanes it took, and the kinds an operator paused (read
--- here, in a statement every claim runs anyway, so a pause costs the claim nothing).
+-- Never waits on a lane row; returns how many lanes it took, and the kinds not to claim now: an
+-- operator paused them, or their provider's outage holds them (read here, in a statement every
+-- claim runs anyway, so a pause costs the claim nothing).
 -- It commits without waiting for its WAL flush (a claim round's transaction already does): a
 -- fold that a server crash loses leaves the intake rows where they were, and the next claim
 -- folds them again.
@@ -141,7 +142,11 @@ RETURNING *, false AS created
 -- compiling). The claim is planned once a session, generically, as a claimer's
 -- (claim_round_guard).
 SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
-       (SELECT coalesce(array_agg(p.kind), '{}') FROM {schema}.agent_action_kind_pause p)
+       (SELECT coalesce(array_agg(s.kind), '{}')
+          FROM (SELECT p.kind FROM {schema}.agent_action_kind_pause p
+                UNION
+                SELECT o.kind FROM {schema}.agent_action_kind_outage o
+                 WHERE o.held_until > now()) s)
            AS paused
  WHERE (SELECT set_config('synchronous_commit', 'off', true)
                || set_config('enable_seqscan', 'off', true)
@@ -193,12 +198,25 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
 -- server crash loses was followed by no write, and its action is due again. In process, where
 -- claims take turns (a kind with a concurrency cap, outbox/rounds.py), an hour of slow flushes
 -- would otherwise set every round's pace.
--- A kind an operator paused claims nothing, neither reclaims nor heads (`paused`, one probe of
--- the pauses' primary key): the in-process claim sends its claims in the same round trip as
--- the fold that reads the pauses (Store.claim), so it cannot leave a paused kind out itself.
-WITH RECURSIVE paused AS (
+-- A kind an operator paused, or its provider's outage holds (0033), claims nothing, neither
+-- reclaims nor heads (`paused`, one probe of each table's primary key): the in-process claim
+-- sends its claims in the same round trip as the fold that reads them (Store.claim), so it
+-- cannot leave such a kind out itself. Once a hold is over and until the outage ends, the kind
+-- claims one action at a time, and only while none of it runs under a live lease (`paused.n`,
+-- the claim's bound in place of `limit`): that action probes the provider; its DONE ends the
+-- outage, its retry holds the kind again (outbox/provider_outage.py).
+WITH RECURSIVE outage AS (
+    SELECT o.held_until > now() AS held, o.holds > 0 AS probing
+      FROM {schema}.agent_action_kind_outage o
+     WHERE o.kind = %(kind)s
+), paused AS (
     SELECT EXISTS (SELECT 1 FROM {schema}.agent_action_kind_pause p WHERE p.kind = %(kind)s)
-               AS yes
+           OR coalesce((SELECT held FROM outage), false) AS yes,
+           CASE WHEN NOT coalesce((SELECT probing FROM outage), false) THEN %(limit)s::int
+                WHEN EXISTS (SELECT 1 FROM {schema}.agent_action e
+                              WHERE e.state = 'EXECUTING' AND e.kind = %(kind)s
+                                AND e.lease_until > now()) THEN 0
+                ELSE least(%(limit)s::int, 1) END AS n
 ), expired AS (
     SELECT a.id
       FROM {schema}.agent_action a
@@ -211,7 +229,7 @@ WITH RECURSIVE paused AS (
                 SELECT 1 FROM {schema}.agent_action_kind k
                  WHERE k.name = a.kind AND NOT k.at_most_once))  -- a probe of the kind's row
      ORDER BY a.lease_until
-     LIMIT %(limit)s
+     LIMIT (SELECT n FROM paused)
        FOR UPDATE SKIP LOCKED
 ), reclaimed AS (
     UPDATE {schema}.agent_action a
@@ -229,7 +247,7 @@ WITH RECURSIVE paused AS (
               a.lease_until - now() AS lease_left
 ), room AS (
     SELECT CASE WHEN %(heads)s AND NOT (SELECT yes FROM paused)
-                THEN %(limit)s::int - count(*)::int ELSE 0 END AS n
+                THEN (SELECT n FROM paused) - count(*)::int ELSE 0 END AS n
       FROM reclaimed
 ), executing AS (
     -- Under a key cap, each key's executing actions of the kind, counted in one pass over the
@@ -813,7 +831,8 @@ SELECT id, epoch FROM fenced
 -- snapshot, before the update dropped it; only those rows are probed).
 -- The lane hand-off: an end whose `hand_offs` lease is not NULL also claims and takes its lane's
 -- next action, when that one is due, not expired, of the same kind and limit key, of a kind not
--- paused, and the lane is not held by an erased write (`busy_until`). The end and the claim are
+-- paused nor held by its provider's outage (nor probing it after a hold), and the lane is not
+-- held by an erased write (`busy_until`). The end and the claim are
 -- one statement, so no count a claimer bounds (in flight a kind, a key's executing actions)
 -- ever rises: one executing action of the kind and key replaces another. The next action's
 -- lease is the given one; its attempt's history row starts here, and it names its worker
@@ -900,6 +919,8 @@ RETURNING a.id, a.epoch, a.attempt + m.gives_back::int AS attempt, m.state, m.wa
        AND (b.expires_at IS NULL OR b.expires_at > now())
        AND b.kind = f.kind AND b.key = f.key
        AND NOT EXISTS (SELECT 1 FROM {schema}.agent_action_kind_pause p WHERE p.kind = b.kind)
+       AND NOT EXISTS (SELECT 1 FROM {schema}.agent_action_kind_outage o
+                        WHERE o.kind = b.kind AND o.holds > 0)
        AND NOT EXISTS (SELECT 1 FROM {schema}.agent_action_lane l
                         WHERE l.lane_key = f.lane_key AND l.busy_until > now())
 ), ready AS (
@@ -950,7 +971,9 @@ SELECT f.id, f.epoch,
 -- kind in `resets` (a DONE of it ended while its row held retries) is emptied; each action of
 -- `ids` (an attempt of it ended `Retry`, of the kind beside it in `kinds`) joins its kind's row,
 -- at most 16 distinct ids, the first one's time kept as `since`. Kinds in kind order, so that
--- two statements lock their rows in the same order.
+-- two statements lock their rows in the same order. An emptied row's hold ends with it (0033).
+-- Returns each retried kind's row as it is now, for the caller to decide whether to hold it
+-- (provider_outage_hold).
 INSERT INTO {schema}.agent_action_kind_outage AS o (kind, since, retried)
 SELECT x.kind, CASE WHEN NOT x.reset THEN now() END,
        CASE WHEN x.reset THEN '{}' ELSE x.ids[1:16] END
@@ -972,7 +995,24 @@ ON CONFLICT (kind) DO UPDATE
                                            WITH ORDINALITY AS r(id, n)
                                      GROUP BY r.id
                                      ORDER BY min(r.n)
-                                     LIMIT 16) x) END
+                                     LIMIT 16) x) END,
+       held_until = CASE WHEN excluded.since IS NULL THEN NULL ELSE o.held_until END,
+       holds = CASE WHEN excluded.since IS NULL THEN 0 ELSE o.holds END
+RETURNING o.kind, cardinality(o.retried) AS actions,
+          extract(epoch FROM now() - o.since)::float8 AS retrying_for,
+          o.held_until > now() AS held, o.holds
+
+-- name: provider_outage_hold
+-- Holds each kind of `kinds` (whose provider counts as down: outbox.provider_outage) for its
+-- next hold, `fors` long, unless another process held it meanwhile: claims skip a held kind
+-- until `held_until`, then probe it one action at a time (claim_heads). A NULL in `fors`
+-- releases the kind instead (its outage went past its limit): claims take it as before.
+UPDATE {schema}.agent_action_kind_outage o
+   SET held_until = now() + h.hold_for,
+       holds = CASE WHEN h.hold_for IS NULL THEN 0 ELSE o.holds + 1 END
+  FROM unnest(%(kinds)s::text[], %(fors)s::interval[]) AS h(kind, hold_for)
+ WHERE o.kind = h.kind AND o.since IS NOT NULL
+   AND (o.held_until IS NULL OR o.held_until <= now())
 
 -- name: provider_outages
 -- The kinds whose attempts retry now: the distinct actions since the kind's last DONE (up to
@@ -980,15 +1020,21 @@ ON CONFLICT (kind) DO UPDATE
 -- (asked by an attempt that would otherwise end ATTEMPTS_EXHAUSTED), every kind's otherwise
 -- (status, metrics, the console). Whether that counts as down is decided in one place,
 -- outbox.provider_outage.outage_verdict.
+-- `held_for`: seconds until the kind's hold ends (0 when it is not held).
 SELECT o.kind, cardinality(o.retried) AS actions,
-       extract(epoch FROM now() - o.since)::float8 AS retrying_for
+       extract(epoch FROM now() - o.since)::float8 AS retrying_for,
+       greatest(extract(epoch FROM o.held_until - now()), 0)::float8 AS held_for
   FROM {schema}.agent_action_kind_outage o
  WHERE o.since IS NOT NULL AND (o.kind = %(kind)s::text OR %(kind)s::text IS NULL)
  ORDER BY o.kind
 
 -- name: make_due
 -- Tests only (outbox.testing.drain): every admitted action that waits becomes due now (read
--- through ix_agent_action_deferred, as waits_by_kind).
+-- through ix_agent_action_deferred, as waits_by_kind), and every provider outage's hold of a
+-- kind ends now, its probing too (its actions are claimed again; another retry holds it again).
+WITH holds AS (
+    UPDATE {schema}.agent_action_kind_outage SET held_until = NULL, holds = 0 WHERE holds > 0
+)
 UPDATE {schema}.agent_action SET available_at = now()
  WHERE state = 'ADMITTED' AND available_at > now() AND available_at > created_at
 
