@@ -428,3 +428,13 @@ def test_the_overview_shows_a_kind_whose_provider_answers_retry(make_outbox, dat
     row = page.split(f'data-kind="{NOTE.name}"', 1)[1].split("</tr>", 1)[0]
     assert 'data-outage="down"' in row and "provider down: 2" in row
     assert "from 2 (OUTBOX_OUTAGE_THRESHOLD)" in row
+    assert "data-held" not in row and "End hold" not in row
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            f'UPDATE "{schema}".agent_action_kind_outage'
+            " SET held_until = now() + interval '1 minute', holds = 1"
+        )
+    with running_console(database_url, schema) as c, httpx.Client(base_url=c.url) as client:
+        page = client.get("/").text
+    row = page.split(f'data-kind="{NOTE.name}"', 1)[1].split("</tr>", 1)[0]
+    assert re.search(r'data-held="(59|60)"', row) and "End hold" in row

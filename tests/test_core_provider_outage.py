@@ -20,6 +20,7 @@ from outbox._io import run_sync
 from outbox.config import Settings
 from outbox.errors import ConfigurationError
 from outbox.fence_token import FenceToken
+from outbox.operator.pausing import resume
 from outbox.provider_outage import MAX_THRESHOLD, OutageRule, holds_called_for, outage_note
 from outbox.queries import queries_for
 from outbox.results import Finish
@@ -283,6 +284,19 @@ def test_after_a_hold_the_kind_is_claimed_one_action_at_a_time(make_outbox, conn
     conn.commit()
     reclaimed, then = asyncio.run(claims(ob.settings.lease))
     assert reclaimed == first and then == []
+
+
+def test_an_operators_resume_ends_a_hold_at_once(make_outbox, conn, schema):
+    ob = build(make_outbox, Provider(), outage_threshold=2, outage_hold=timedelta(hours=1))
+    ids = [put(conn, schema, f"r{i}", max_attempts=5) for i in range(3)]
+    assert len(claim_round(ob)) == 3  # all retry: held for an hour
+    assert hold(conn, schema)[1] == 1 and claim_round(ob) == set()
+    assert resume(conn, NOTE.name, actor="test", schema=schema)
+    assert hold(conn, schema) == (0.0, 0)
+    time.sleep(0.05)  # their backoff (0.01 s) is over
+    assert claim_round(ob) == set(ids)  # claimed at once, not one at a time; held again
+    assert hold(conn, schema)[1] == 1
+    assert not resume(conn, "OTHER", actor="test", schema=schema)
 
 
 def test_a_hold_past_the_outage_limit_is_released():

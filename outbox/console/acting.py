@@ -136,7 +136,7 @@ def pause(kind: str) -> Response:
 def resume(kind: str) -> Response:
     with connection() as conn:
         was = operator.resume(conn, kind, actor=g.actor, schema=state()["schema"])
-    flash(f"{kind} resumed." if was else f"{kind} was not paused.", "ok")
+    flash(f"{kind} resumed." if was else f"{kind} was neither paused nor held.", "ok")
     return redirect(_return_to())
 
 

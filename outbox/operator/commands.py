@@ -250,7 +250,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     _print(
         args,
         {"kind": args.kind, "was_paused": was},
-        f"kind {args.kind} resumed" if was else f"kind {args.kind} was not paused",
+        f"kind {args.kind} resumed" if was else f"kind {args.kind} was neither paused nor held",
     )
     return 0
 

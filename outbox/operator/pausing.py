@@ -57,8 +57,9 @@ def pause(
 
 
 def resume(conn: Connection[Any], kind: str, *, actor: str, schema: str | None = None) -> bool:
-    """Resumes ``kind``; True when it was paused. The claimers claim it again from their next
-    round."""
+    """Resumes ``kind``; True when it was paused, or held by its provider's outage
+    (``outbox.provider_outage``: an operator who knows the provider is back need not wait for
+    the hold to end). The claimers claim it again from their next round."""
     schema = schema or default_schema()
     actor = checked_actor(actor)
 

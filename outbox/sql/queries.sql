@@ -1475,8 +1475,17 @@ SELECT kind, paused_by, paused_at, note FROM {schema}.agent_action_kind_pause
  WHERE kind = %(kind)s
 
 -- name: resume_kind
--- Operator: resume a paused kind.
-DELETE FROM {schema}.agent_action_kind_pause WHERE kind = %(kind)s RETURNING kind
+-- Operator: resume a paused kind, and end its provider outage's hold (and probing) now: the
+-- claimers take its actions again from their next round (a retry that finds the provider still
+-- down holds it again, from the first hold's length).
+WITH held AS (
+    UPDATE {schema}.agent_action_kind_outage SET held_until = NULL, holds = 0
+     WHERE kind = %(kind)s AND holds > 0
+    RETURNING kind
+), resumed AS (
+    DELETE FROM {schema}.agent_action_kind_pause WHERE kind = %(kind)s RETURNING kind
+)
+SELECT kind FROM resumed UNION SELECT kind FROM held
 
 -- name: vacuum_horizon_holders
 -- What holds this database's vacuum horizon back, the longest first: sessions of this database
