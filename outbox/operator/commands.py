@@ -290,7 +290,9 @@ def setup_operator(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.set_defaults(func=_cmd_pause)
 
-    p = sub.add_parser("resume", help="the claimers claim a paused kind again")
+    p = sub.add_parser(
+        "resume", help="the claimers claim a paused kind, or one a provider outage holds, again"
+    )
     p.add_argument("kind", metavar="KIND")
     _common(p)
     p.set_defaults(func=_cmd_resume)
