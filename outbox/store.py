@@ -33,13 +33,7 @@ from outbox.binary_arrays import (
     TimestamptzArray,
 )
 from outbox.fence_token import FenceToken
-from outbox.provider_outage import (
-    OutageRule,
-    OutageVerdict,
-    holds_called_for,
-    outage_note,
-    outage_verdict,
-)
+from outbox.provider_outage import OutageRule, holds_called_for, outage_note
 from outbox.queries import queries_for
 from outbox.results import Finish
 
@@ -484,6 +478,30 @@ def _identity(token: FenceToken) -> FenceToken:
     return token
 
 
+def _log_holds(hold: dict[str, Any]) -> None:
+    """One line a kind this process held or released (``provider_outage_hold``'s parameters;
+    another process may have held it first, and then this one changed nothing)."""
+    for kind, held_for in zip(hold["kinds"], hold["fors"], strict=True):
+        if held_for is None:
+            log.warning(
+                "provider of %s down past OUTBOX_OUTAGE_LIMIT_SECONDS: its claims are no longer"
+                " held",
+                kind,
+                extra={"event": "provider_outage_released", "kind": kind},
+            )
+        else:
+            log.warning(
+                "provider of %s down: its claims are held for %.0fs, then one action probes it",
+                kind,
+                held_for.total_seconds(),
+                extra={
+                    "event": "provider_outage_held",
+                    "kind": kind,
+                    "held_for_s": held_for.total_seconds(),
+                },
+            )
+
+
 class Store:
     """Runs the executor's operations on an async pool, one short statement at a time."""
 
@@ -561,6 +579,7 @@ class Store:
                 )
                 if hold is not None:
                     await self._rows("provider_outage_hold", hold)
+                    _log_holds(hold)
             except (psycopg.Error, OSError) as error:
                 log.warning(
                     "provider outage rows not written (%s): the finishes stand",
@@ -688,13 +707,7 @@ class Store:
 
         def op() -> Operation[bool]:
             rows = yield Statement(queries_for(self.schema)["provider_outages"], {"kind": kind})
-            return (
-                bool(rows)
-                and outage_verdict(
-                    int(rows[0]["actions"]), float(rows[0]["retrying_for"]), threshold, limit
-                )
-                is OutageVerdict.DOWN
-            )
+            return bool(rows) and OutageRule(threshold, limit).down(rows[0])
 
         return await self.run(op())
 

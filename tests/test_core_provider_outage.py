@@ -6,6 +6,7 @@ alone, an adapter's exceptions, an outage past its limit or a threshold of 0 cha
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from datetime import timedelta
 
@@ -211,7 +212,7 @@ def hold(conn, schema: str) -> tuple[float, int]:
 
 
 def test_a_down_provider_holds_its_kind_so_its_actions_wait_without_calling_it(
-    make_outbox, conn, schema
+    make_outbox, conn, schema, caplog
 ):
     provider = Provider()
     calls: list[int] = []
@@ -222,9 +223,12 @@ def test_a_down_provider_holds_its_kind_so_its_actions_wait_without_calling_it(
 
     ob = build(make_outbox, counted, outage_threshold=2, outage_hold=timedelta(seconds=2))
     first = [put(conn, schema, f"a{i}", max_attempts=5) for i in range(2)]
-    assert claim_round(ob) == set(first)  # both answer Retry: down, so held
+    with caplog.at_level(logging.WARNING, logger="outbox"):
+        assert claim_round(ob) == set(first)  # both answer Retry: down, so held
     held_for, holds = hold(conn, schema)
     assert 0 < held_for <= 2 and holds == 1
+    (logged,) = [r for r in caplog.records if getattr(r, "event", "") == "provider_outage_held"]
+    assert (logged.kind, logged.held_for_s) == (NOTE.name, 2.0)
 
     new = put(conn, schema, "new", max_attempts=5)
     time.sleep(0.05)  # the first two's backoff (0.01 s) is over: all three are due
