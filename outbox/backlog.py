@@ -28,8 +28,10 @@ class KindBacklog:
     #: ``outbox.provider_outage``), and seconds since the first of them did.
     retrying: int = 0
     retrying_for: float = 0.0
-    #: Seconds until claims take the kind again, while its provider's outage holds it.
+    #: Seconds until claims take the kind again, while its provider's outage holds it, and its
+    #: holds in this outage (after a hold, one action at a time probes the provider).
     held_for: float = 0.0
+    holds: int = 0
 
     @property
     def queue(self) -> str:
@@ -53,7 +55,12 @@ def backlog_operation(schema: str) -> Operation[Backlog]:
     blocked_rows = yield Statement(q["blocked_lanes_by_kind"])
     retrying_rows = yield Statement(q["provider_outages"], {"kind": None})
     retrying = {
-        r["kind"]: (int(r["actions"]), float(r["retrying_for"]), float(r["held_for"]))
+        r["kind"]: (
+            int(r["actions"]),
+            float(r["retrying_for"]),
+            float(r["held_for"]),
+            int(r["holds"]),
+        )
         for r in retrying_rows
     }
     in_flight = {r["kind"]: int(r["n"]) for r in flight_rows}
@@ -69,10 +76,10 @@ def _kind_backlog(
     in_flight: dict[str, int],
     unconsumed: dict[str, int],
     blocked: dict[str, int],
-    retrying: dict[str, tuple[int, float, float]],
+    retrying: dict[str, tuple[int, float, float, int]],
 ) -> KindBacklog:
     kind = due["kind"]
-    actions, retrying_for, held_for = retrying.get(kind, (0, 0.0, 0.0))
+    actions, retrying_for, held_for, holds = retrying.get(kind, (0, 0.0, 0.0, 0))
     return KindBacklog(
         kind=kind,
         due=int(due["due"]),
@@ -83,4 +90,5 @@ def _kind_backlog(
         retrying=actions,
         retrying_for=retrying_for,
         held_for=held_for,
+        holds=holds,
     )

@@ -250,6 +250,14 @@ _VERDICT_TEXT = {
 }
 
 
+def _hold_text(backlog: dict[str, Any]) -> str:
+    if backlog.get("held_for"):
+        return f"; claims hold it for another {backlog['held_for']:.0f}s"
+    if backlog.get("holds"):
+        return "; its hold is over: one action at a time probes the provider"
+    return ""
+
+
 def render_status(
     report: StatusReport,
     outage_threshold: int = DEFAULT_THRESHOLD,
@@ -281,11 +289,7 @@ def render_status(
                 f"  {kind}: {b['retrying']}{'+' if b['retrying'] >= MAX_THRESHOLD else ''} "
                 f"actions answered Retry since its last DONE, the first {retrying_for:.0f}s ago"
                 + _VERDICT_TEXT[verdict]
-                + (
-                    f"; claims hold it for another {b['held_for']:.0f}s"
-                    if b.get("held_for")
-                    else ""
-                )
+                + _hold_text(b)
             )
     if stalled:
         lines.append("not consumed:")

@@ -247,6 +247,8 @@ def test_a_down_provider_holds_its_kind_so_its_actions_wait_without_calling_it(
 
     provider.down = False
     end_hold(conn, schema)  # as if its 4 s went by
+    assert "one action at a time probes" in render_status(status(conn, schema=schema), 2)
+    conn.commit()
     probe = claim_round(ob)
     assert len(probe) == 1 and len(calls) == 4
     # Its DONE ended the outage and the hold: the others follow at once.

@@ -1020,10 +1020,11 @@ UPDATE {schema}.agent_action_kind_outage o
 -- (asked by an attempt that would otherwise end ATTEMPTS_EXHAUSTED), every kind's otherwise
 -- (status, metrics, the console). Whether that counts as down is decided in one place,
 -- outbox.provider_outage.outage_verdict.
--- `held_for`: seconds until the kind's hold ends (0 when it is not held).
+-- `held_for`: seconds until the kind's hold ends (0 when it is not held); `holds`: its holds in
+-- this outage (after a hold, its claims probe the provider one action at a time).
 SELECT o.kind, cardinality(o.retried) AS actions,
        extract(epoch FROM now() - o.since)::float8 AS retrying_for,
-       greatest(extract(epoch FROM o.held_until - now()), 0)::float8 AS held_for
+       greatest(extract(epoch FROM o.held_until - now()), 0)::float8 AS held_for, o.holds
   FROM {schema}.agent_action_kind_outage o
  WHERE o.since IS NOT NULL AND (o.kind = %(kind)s::text OR %(kind)s::text IS NULL)
  ORDER BY o.kind
