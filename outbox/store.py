@@ -91,7 +91,8 @@ def walk_bound(left: int, key_cap: int | None) -> int:
 @dataclass(frozen=True, slots=True)
 class Intake:
     """What a claim's first statement said: how many lanes it took off the intake, and which
-    kinds an operator paused (none of their actions is claimed)."""
+    kinds an operator paused or their provider's outage holds (none of their actions is
+    claimed)."""
 
     folded: int
     paused: frozenset[str]
@@ -99,7 +100,7 @@ class Intake:
 
 def intake_operation(schema: str) -> Operation[Intake]:
     """Folds up to ``INTAKE_BATCH`` lanes of the intake into the lane rows; returns how many, and
-    the paused kinds."""
+    the kinds paused or held."""
     rows = yield Statement(queries_for(schema)["lane_intake"], {"limit": INTAKE_BATCH})
     return Intake(int(rows[0]["folded"]), frozenset(rows[0]["paused"]))
 
@@ -126,8 +127,9 @@ def claim_operation(
     ``limits`` maps each kind to the most actions of that kind to claim now. With ``take`` the
     claim is also the take (an in-process executor runs what it claims): the attempt rises and
     the payload is returned. Without, the claimed actions carry no payload (a claimer pushes only
-    ``(id, epoch)``, and a payload may be large). A kind an operator paused is skipped (the
-    intake says which; a caller that folded it passes no limit for them).
+    ``(id, epoch)``, and a payload may be large). A kind an operator paused, or its provider's
+    outage holds, is skipped (the intake says which; a caller that folded it passes no limit for
+    them), and after a hold ``claim_heads`` takes one action of the kind at a time.
 
     Lane heads are claimed fairly between limit keys (``claim_heads`` walks them) and by
     priority within a key; ``key_caps`` bounds each key's executing actions per kind, and
@@ -620,7 +622,7 @@ class Store:
         only, not while this process's event loop, busy with other rounds' attempts, comes back
         to send the next statement (in ``inprocess``, a claim's p50 was 19-20 ms of a 56-60-ms
         round in four round trips, 12-14 ms in one). The fold's statement sets how the claims
-        are planned (``lane_intake``); a kind an operator paused claims nothing by itself
+        are planned (``lane_intake``); a kind paused or held claims nothing by itself
         (``claim_heads``).
         A kind whose claim left room that a second statement fills (``HeadsClaimed``) gets it in
         a second round trip of the same shape: the first's claims are committed by then, so

@@ -83,7 +83,8 @@ class Round:
     in_flight: dict[str, int] = field(default_factory=dict)
     #: Lanes this round took off the intake; a full batch means more are waiting.
     folded: int = 0
-    #: The kinds an operator paused, as this round read them.
+    #: The kinds not to claim now, as this round read them: paused by an operator, or held by
+    #: their provider's outage (``outbox.provider_outage``).
     paused: frozenset[str] = frozenset()
     #: Some kind's claim left room that keys with more due heads than their share could take
     #: (``HeadsClaimed.room_for_more``): the next round claims it, at once.
@@ -205,7 +206,8 @@ def plan_claim_round(
     for kind in kinds:
         current[kind] = int(counts[kind]["n"]) if kind in counts else 0
         if kind in intake.paused:
-            # An operator paused it: no claim, no probe, no reclaim until resumed.
+            # An operator paused it, or its provider's outage holds it: no claim, no probe, no
+            # reclaim until resumed or the hold ends.
             limits[kind] = 0
             continue
         unconsumed = int(counts[kind]["unconsumed"]) if kind in counts else 0
