@@ -118,6 +118,14 @@ def test_backlog_gauges_count_due_age_in_flight_and_blocked_lanes(
     # The two heads that retried are the kind's retrying actions since its last DONE (none yet).
     assert (item.retrying, sample("outbox_provider_retrying_actions", kind=GAUGED.name)) == (2, 2)
     assert 0 <= sample("outbox_provider_retrying_seconds", kind=GAUGED.name) < 60
+    assert sample("outbox_provider_held_seconds", kind=GAUGED.name) == 0  # two: not down
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            f'UPDATE "{schema}".agent_action_kind_outage'
+            " SET held_until = now() + interval '30 seconds', holds = 1"
+        )
+    asyncio.run(refresh())
+    assert 25 < sample("outbox_provider_held_seconds", kind=GAUGED.name) <= 30
     # The built-in kind is reported too, at zero.
     assert sample("outbox_actions_due", kind="EMAIL") == 0
     assert sample("outbox_provider_retrying_actions", kind="EMAIL") == 0
