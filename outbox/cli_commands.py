@@ -184,7 +184,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             }
         )
     else:
-        print(render_status(report, app.settings.outage_threshold, app.settings.outage_limit))
+        print(render_status(report, app.settings.outage_rule))
         print(render_disabled_webhook_endpoints(disabled))
         print(render_limits(limits))
     return 0

@@ -253,13 +253,8 @@ class ActionExecutor:
         """Whether the provider of ``action``'s kind is in an outage, so that its exhausting
         retry gives its attempt back (``outbox.provider_outage``). Unanswered (the database is
         unreachable too), the attempt counts, as it would without an outage."""
-        settings = self.settings
-        if settings.outage_threshold == 0:
-            return False
         try:
-            return await self.store.provider_down(
-                action.kind, settings.outage_threshold, settings.outage_limit
-            )
+            return await self.store.provider_down(action.kind)
         except OUTAGE:
             return False
 

@@ -132,9 +132,7 @@ class Outbox:
     # -- the executing side ---------------------------------------------------------------------
 
     def _store(self, pool: AsyncConnectionPool) -> Store:
-        store = Store(pool, self.schema, self.settings.lease)
-        store.outage_rule = self.settings.outage_rule
-        return store
+        return Store(pool, self.schema, self.settings.lease, self.settings.outage_rule)
 
     @asynccontextmanager
     async def store(

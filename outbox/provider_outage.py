@@ -70,16 +70,22 @@ class OutageRule:
     limit: timedelta = DEFAULT_LIMIT
     hold: timedelta = DEFAULT_HOLD
 
+    def verdict(self, actions: int, retrying_for: float) -> OutageVerdict:
+        """``outage_verdict`` under this rule's threshold and limit."""
+        return outage_verdict(actions, retrying_for, self.threshold, self.limit)
+
     def down(self, row: dict[str, Any]) -> bool:
         """Whether an outage row's numbers (``actions``, ``retrying_for``) say down."""
-        verdict = outage_verdict(
-            int(row["actions"]), float(row["retrying_for"]), self.threshold, self.limit
-        )
+        verdict = self.verdict(int(row["actions"]), float(row["retrying_for"]))
         return verdict is OutageVerdict.DOWN
 
     def hold_for(self, holds: int) -> timedelta:
         """The length of a kind's next hold after ``holds`` holds in the same outage."""
         return self.hold * min(2 ** min(holds, 16), HOLD_CEILING)
+
+
+#: The rule of the default settings.
+DEFAULT_RULE = OutageRule()
 
 
 def holds_called_for(rows: Iterable[dict[str, Any]], rule: OutageRule) -> dict[str, Any] | None:
@@ -119,13 +125,39 @@ class OutageVerdict(enum.Enum):
     #: Down for longer than the limit: attempts count again.
     PAST_LIMIT = "past_limit"
 
+    @property
+    def badge(self) -> str:
+        """Its few words, as the console's overview shows them beside the kind."""
+        return _BADGES[self]
+
+    @property
+    def consequence(self) -> str:
+        """What it means for the kind's actions, as ``outbox status`` says it ('' for
+        RETRYING, which changes nothing)."""
+        return _CONSEQUENCES[self]
+
+
+_BADGES = {
+    OutageVerdict.RETRYING: "provider retrying",
+    OutageVerdict.DOWN: "provider down",
+    OutageVerdict.PAST_LIMIT: "provider down past its limit",
+}
+_CONSEQUENCES = {
+    OutageVerdict.RETRYING: "",
+    OutageVerdict.DOWN: "provider down, its actions keep their last attempt until a DONE",
+    OutageVerdict.PAST_LIMIT: (
+        "provider down past OUTBOX_OUTAGE_LIMIT_SECONDS, attempts count again"
+    ),
+}
+
 
 def outage_verdict(
     actions: int, retrying_for: float, threshold: int, limit: timedelta
 ) -> OutageVerdict:
     """The one rule of "counts as down", for the executor (``Store.provider_down``), ``outbox
-    status`` and the console alike: ``actions`` distinct actions of a kind retried since its last
-    DONE, the first ``retrying_for`` seconds ago (both read off the database and its clock)."""
+    status`` and the console alike, each through its ``OutageRule``: ``actions`` distinct
+    actions of a kind retried since its last DONE, the first ``retrying_for`` seconds ago (both
+    read off the database and its clock)."""
     if not 0 < threshold <= actions:
         return OutageVerdict.RETRYING
     if retrying_for < limit.total_seconds():

@@ -22,11 +22,9 @@ from outbox.operator.processes import LIVE_INTERVALS, live_processes_operation
 from outbox.operator.reading import record_operation
 from outbox.operator.records import AttemptRecord
 from outbox.provider_outage import (
-    DEFAULT_LIMIT,
-    DEFAULT_THRESHOLD,
+    DEFAULT_RULE,
     MAX_THRESHOLD,
-    OutageVerdict,
-    outage_verdict,
+    OutageRule,
 )
 from outbox.queries import queries_for
 from outbox.state import ActionState
@@ -241,15 +239,6 @@ def _show(value: Any) -> str:
     return str(json_default(value)) if isinstance(value, datetime | timedelta) else str(value)
 
 
-_VERDICT_TEXT = {
-    OutageVerdict.RETRYING: "",
-    OutageVerdict.DOWN: ": provider down, its actions keep their last attempt until a DONE",
-    OutageVerdict.PAST_LIMIT: (
-        ": provider down past OUTBOX_OUTAGE_LIMIT_SECONDS, attempts count again"
-    ),
-}
-
-
 def _hold_text(backlog: dict[str, Any]) -> str:
     if backlog.get("held_for"):
         return f"; claims hold it for another {backlog['held_for']:.0f}s"
@@ -258,14 +247,9 @@ def _hold_text(backlog: dict[str, Any]) -> str:
     return ""
 
 
-def render_status(
-    report: StatusReport,
-    outage_threshold: int = DEFAULT_THRESHOLD,
-    outage_limit: timedelta = DEFAULT_LIMIT,
-) -> str:
-    """The human form of ``outbox status``; ``outage_threshold`` and ``outage_limit`` as
-    ``Settings``' (whether a retrying provider counts as down: ``outage_verdict``, as the
-    executor decides)."""
+def render_status(report: StatusReport, outage_rule: OutageRule = DEFAULT_RULE) -> str:
+    """The human form of ``outbox status``; ``outage_rule`` as ``Settings.outage_rule`` (whether
+    a retrying provider counts as down, as the executor decides)."""
     lines = ["kind                 due  oldest_due_s  in_flight  blocked_lanes  states"]
     stalled: list[str] = []
     retrying: list[str] = []
@@ -284,11 +268,11 @@ def render_status(
             )
         if b.get("retrying"):
             retrying_for = b.get("retrying_for", 0.0)
-            verdict = outage_verdict(b["retrying"], retrying_for, outage_threshold, outage_limit)
+            consequence = outage_rule.verdict(b["retrying"], retrying_for).consequence
             retrying.append(
                 f"  {kind}: {b['retrying']}{'+' if b['retrying'] >= MAX_THRESHOLD else ''} "
                 f"actions answered Retry since its last DONE, the first {retrying_for:.0f}s ago"
-                + _VERDICT_TEXT[verdict]
+                + (f": {consequence}" if consequence else "")
                 + _hold_text(b)
             )
     if stalled:

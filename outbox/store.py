@@ -33,7 +33,7 @@ from outbox.binary_arrays import (
     TimestamptzArray,
 )
 from outbox.fence_token import FenceToken
-from outbox.provider_outage import OutageRule, holds_called_for, outage_note
+from outbox.provider_outage import DEFAULT_RULE, OutageRule, holds_called_for, outage_note
 from outbox.queries import queries_for
 from outbox.results import Finish
 
@@ -507,7 +507,13 @@ def _log_holds(hold: dict[str, Any]) -> None:
 class Store:
     """Runs the executor's operations on an async pool, one short statement at a time."""
 
-    def __init__(self, pool: AsyncConnectionPool, schema: str, lease: timedelta) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        schema: str,
+        lease: timedelta,
+        outage_rule: OutageRule = DEFAULT_RULE,
+    ) -> None:
         self.pool = pool
         self.schema = schema
         #: The lease a worker's take starts afresh (the claimers' lease: one setting).
@@ -519,8 +525,9 @@ class Store:
         #: (``outbox.maintenance.lost_workers``).
         self.taker = ""
         #: When a kind's provider counts as down and how long a hold of it lasts: the store
-        #: holds a kind its finishes find down (``outbox.provider_outage``).
-        self.outage_rule = OutageRule()
+        #: holds a kind its finishes find down (``outbox.provider_outage``), and its exhausting
+        #: retries ask it (``provider_down``).
+        self.outage_rule = outage_rule
         # Group commit (outbox.batching): concurrent takes, fences and finishes of this
         # process share statements; each row keeps its own epoch check.
         self._take: GroupWriter[FenceToken, FenceToken, ClaimedAction] = GroupWriter(
@@ -702,14 +709,17 @@ class Store:
         the finish was not written (the epoch moved)."""
         return await self._finish((token, finish, claimed_at, fenced, lease))
 
-    async def provider_down(self, kind: str, threshold: int, limit: timedelta) -> bool:
-        """Whether ``kind``'s provider is in an outage (``outbox.provider_outage``): at least
-        ``threshold`` distinct actions of it retried since its last DONE, the first less than
-        ``limit`` ago."""
+    async def provider_down(self, kind: str) -> bool:
+        """Whether ``kind``'s provider is in an outage by ``outage_rule``
+        (``outbox.provider_outage``): at least its threshold of distinct actions of the kind
+        retried since its last DONE, the first less than its limit ago. Never with a threshold
+        of 0 (no query then)."""
+        if not self.outage_rule.threshold:
+            return False
 
         def op() -> Operation[bool]:
-            rows = yield Statement(queries_for(self.schema)["provider_outages"], {"kind": kind})
-            return bool(rows) and OutageRule(threshold, limit).down(rows[0])
+            rows = yield Statement(queries_for(self.schema)["provider_outage"], {"kind": kind})
+            return bool(rows) and self.outage_rule.down(rows[0])
 
         return await self.run(op())
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from outbox import ActionRequest, enqueue
 from outbox.console.auth import check_login, is_loopback, parse_users
 from outbox.errors import ConfigurationError
+from outbox.provider_outage import OutageRule
 from tests.console_support import MESSAGE_ID, NOTE, populate, running_console
 from tests.support import ScriptedAdapter
 
@@ -421,7 +422,7 @@ def test_the_overview_shows_a_kind_whose_provider_answers_retry(make_outbox, dat
     assert 'data-outage="retrying"' in row and "from 5 (OUTBOX_OUTAGE_THRESHOLD)" in row
     # The console decides "down" with the executors' settings, as they do.
     with (
-        running_console(database_url, schema, outage_threshold=2) as c,
+        running_console(database_url, schema, outage_rule=OutageRule(threshold=2)) as c,
         httpx.Client(base_url=c.url) as client,
     ):
         page = client.get("/").text

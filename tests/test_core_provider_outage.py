@@ -182,10 +182,12 @@ def test_status_shows_a_retrying_provider_and_whether_it_counts_as_down(make_out
     run_one_round(ob)
     report = status(conn, schema=schema)
     assert report.backlog["NOTE"]["retrying"] == 2
-    assert "NOTE: 2 actions answered Retry" in render_status(report, 3)
-    assert "provider down" not in render_status(report, 3)
-    assert "provider down, its actions keep" in render_status(report, 2)
-    assert "provider down past" in render_status(report, 2, timedelta(seconds=0))
+    assert "NOTE: 2 actions answered Retry" in render_status(report, OutageRule(threshold=3))
+    assert "provider down" not in render_status(report, OutageRule(threshold=3))
+    assert "provider down, its actions keep" in render_status(report, OutageRule(threshold=2))
+    assert "provider down past" in render_status(
+        report, OutageRule(threshold=2, limit=timedelta(0))
+    )
 
 
 def claim_round(ob) -> set[int]:
@@ -235,7 +237,7 @@ def test_a_down_provider_holds_its_kind_so_its_actions_wait_without_calling_it(
     assert claim_round(ob) == set()
     assert calls == first and action(conn, schema, new)["attempt"] == 0
     assert history(conn, schema, new) == []
-    text = render_status(status(conn, schema=schema), 2)
+    text = render_status(status(conn, schema=schema), OutageRule(threshold=2))
     assert "provider down" in text and "claims hold it for another" in text
 
     time.sleep(held_for + 0.05)
@@ -247,7 +249,9 @@ def test_a_down_provider_holds_its_kind_so_its_actions_wait_without_calling_it(
 
     provider.down = False
     end_hold(conn, schema)  # as if its 4 s went by
-    assert "one action at a time probes" in render_status(status(conn, schema=schema), 2)
+    assert "one action at a time probes" in render_status(
+        status(conn, schema=schema), OutageRule(threshold=2)
+    )
     conn.commit()
     probe = claim_round(ob)
     assert len(probe) == 1 and len(calls) == 4

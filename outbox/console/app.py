@@ -18,7 +18,7 @@ from outbox.console import acting, views
 from outbox.console.auth import parse_users
 from outbox.console.csrf import check_csrf, csrf_token
 from outbox.console.queues import queues_app
-from outbox.provider_outage import DEFAULT_LIMIT, DEFAULT_THRESHOLD
+from outbox.provider_outage import DEFAULT_RULE, OutageRule
 
 log = logging.getLogger("outbox.console")
 
@@ -39,14 +39,13 @@ def create_app(
     broker: Any = None,
     users: dict[str, str] | str | None = None,
     secret_key: str | None = None,
-    outage_threshold: int = DEFAULT_THRESHOLD,
-    outage_limit: timedelta = DEFAULT_LIMIT,
+    outage_rule: OutageRule = DEFAULT_RULE,
 ) -> Flask:
     """The console on ``pool`` and ``schema``. ``users`` (name -> password or werkzeug hash, or
     the ``OUTBOX_CONSOLE_USERS`` string): without any, nobody logs in and every action is
     recorded as the OS user running the console, which is why it then listens on loopback only
-    (``outbox.console.server``). ``outage_threshold`` and ``outage_limit`` as the executors'
-    ``Settings`` (whether a kind's retrying provider is shown as down)."""
+    (``outbox.console.server``). ``outage_rule`` as the executors' ``Settings.outage_rule``
+    (whether a kind's retrying provider is shown as down)."""
     app = Flask(__name__)
     app.config.update(
         SECRET_KEY=secret_key or secrets.token_urlsafe(32),
@@ -62,7 +61,7 @@ def create_app(
         "users": users if isinstance(users, dict) else parse_users(users),
         "queues": queues_app(broker),
         "os_user": _os_user(),
-        "outage_rule": (outage_threshold, outage_limit),
+        "outage_rule": outage_rule,
     }
     app.jinja_env.globals["csrf_token"] = csrf_token
     app.jinja_env.globals["bulk_labels"] = acting.BULK_LABELS

@@ -34,7 +34,7 @@ from outbox.console.health import health
 from outbox.console.queues import serve_queues
 from outbox.errors import ActionNotFound
 from outbox.operator import action_record, live_processes, paused_kinds, recent_audit
-from outbox.provider_outage import outage_verdict
+from outbox.provider_outage import OutageRule
 from outbox.queries import queries_for
 from outbox.state import ActionState
 from outbox.status import status_operation
@@ -76,9 +76,9 @@ def overview() -> str:
         lanes = reads.blocked_lanes(conn, schema, limit=10)
         uncertain = reads.uncertain_page(conn, schema, unresolved=True, limit=10)
     kinds = sorted(set(report.counts) | set(report.backlog))
-    threshold, limit = state()["outage_rule"]
+    rule: OutageRule = state()["outage_rule"]
     outages = {
-        kind: outage_verdict(b["retrying"], b["retrying_for"], threshold, limit).value
+        kind: rule.verdict(b["retrying"], b["retrying_for"])
         for kind, b in report.backlog.items()
         if b.get("retrying")
     }
@@ -87,7 +87,7 @@ def overview() -> str:
         report=report,
         kinds=kinds,
         outages=outages,
-        outage_threshold=threshold,
+        outage_threshold=rule.threshold,
         chart=chart,
         paused=paused,
         processes=processes,

@@ -69,8 +69,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
         broker=broker,
         users=settings.console_users,
         secret_key=settings.console_secret_key,
-        outage_threshold=settings.outage_threshold,
-        outage_limit=settings.outage_limit,
+        outage_rule=settings.outage_rule,
     )
     # Refuses a wide bind without a login (unless told the container publishes it on loopback).
     server = serve(console, args.host, args.port, published_on_loopback=args.published_on_loopback)

@@ -1015,19 +1015,26 @@ UPDATE {schema}.agent_action_kind_outage o
    AND (o.held_until IS NULL OR o.held_until <= now())
 
 -- name: provider_outages
--- The kinds whose attempts retry now: the distinct actions since the kind's last DONE (up to
--- 16), and how long ago the first of them retried (seconds); one kind's when `kind` is given
--- (asked by an attempt that would otherwise end ATTEMPTS_EXHAUSTED), every kind's otherwise
--- (status, metrics, the console). Whether that counts as down is decided in one place,
--- outbox.provider_outage.outage_verdict.
+-- The kinds whose attempts retry now (status, metrics, the console): the distinct actions since
+-- the kind's last DONE (up to 16), and how long ago the first of them retried (seconds).
+-- Whether that counts as down is decided in one place, outbox.provider_outage.outage_verdict.
 -- `held_for`: seconds until the kind's hold ends (0 when it is not held); `holds`: its holds in
 -- this outage (after a hold, its claims probe the provider one action at a time).
 SELECT o.kind, cardinality(o.retried) AS actions,
        extract(epoch FROM now() - o.since)::float8 AS retrying_for,
        greatest(extract(epoch FROM o.held_until - now()), 0)::float8 AS held_for, o.holds
   FROM {schema}.agent_action_kind_outage o
- WHERE o.since IS NOT NULL AND (o.kind = %(kind)s::text OR %(kind)s::text IS NULL)
+ WHERE o.since IS NOT NULL
  ORDER BY o.kind
+
+-- name: provider_outage
+-- One kind's row of provider_outages (a probe of its primary key), asked by an attempt that
+-- would otherwise end ATTEMPTS_EXHAUSTED.
+SELECT o.kind, cardinality(o.retried) AS actions,
+       extract(epoch FROM now() - o.since)::float8 AS retrying_for,
+       greatest(extract(epoch FROM o.held_until - now()), 0)::float8 AS held_for, o.holds
+  FROM {schema}.agent_action_kind_outage o
+ WHERE o.kind = %(kind)s AND o.since IS NOT NULL
 
 -- name: make_due
 -- Tests only (outbox.testing.drain): every admitted action that waits becomes due now (read
