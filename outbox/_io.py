@@ -24,6 +24,7 @@ from psycopg import (
 )
 from psycopg.rows import dict_row, tuple_row
 
+from outbox.payload_json import read_payloads_fast
 from outbox.placeholders import numbered, positional
 
 T = TypeVar("T")
@@ -40,12 +41,17 @@ class Statement:
     ``prepare``: prepared at its first run on a connection, not psycopg's sixth (its
     ``prepare_threshold``): a statement every attempt or claim runs, whose plan costs more
     than a run of it (``docs/benchmarks.md``), planned once a connection where the session
-    or the transaction asks for generic plans."""
+    or the transaction asks for generic plans.
+
+    ``rows``: a psycopg row factory that makes each row what its operation reads (a claimed
+    action: ``outbox.store``), in place of a dict or a tuple; such a statement's payloads are
+    parsed by ``outbox.payload_json``."""
 
     sql: str
     params: Mapping[str, Any] | None = None
     tuples: bool = False
     prepare: bool = False
+    rows: Any = None
 
     @property
     def prepare_argument(self) -> bool | None:
@@ -92,6 +98,8 @@ def as_sent(statement: Statement) -> tuple[bytes | str, list[Any] | None]:
 
 
 def _row_factory(statement: Statement) -> Any:
+    if statement.rows is not None:
+        return statement.rows
     return tuple_row if statement.tuples else dict_row
 
 
@@ -110,8 +118,12 @@ def run_sync(
             prepare(cur)
         try:
             statement = next(op)
+            payloads_fast = False
             while True:
                 cur.row_factory = _row_factory(statement)
+                if statement.rows is not None and not payloads_fast:
+                    read_payloads_fast(cur)
+                    payloads_fast = True
                 prepare_now = statement.prepare_argument
                 if raw:
                     cur.execute(*as_sent(statement), prepare=prepare_now)
@@ -144,8 +156,12 @@ async def run_async(
             prepare(cur)
         try:
             statement = next(op) if started is None else op.send(started)
+            payloads_fast = False
             while True:
                 cur.row_factory = _row_factory(statement)
+                if statement.rows is not None and not payloads_fast:
+                    read_payloads_fast(cur)
+                    payloads_fast = True
                 prepare_now = statement.prepare_argument
                 if raw:
                     await cur.execute(*as_sent(statement), prepare=prepare_now)
@@ -185,9 +201,13 @@ async def commit_pipelined(
         for statement in statements:
             if raw:
                 cur: AsyncCursor[Any] = AsyncRawCursor(conn, row_factory=_row_factory(statement))
-                await cur.execute(*as_sent(statement), prepare=statement.prepare_argument)
             else:
                 cur = conn.cursor(row_factory=_row_factory(statement))
+            if statement.rows is not None:
+                read_payloads_fast(cur)
+            if raw:
+                await cur.execute(*as_sent(statement), prepare=statement.prepare_argument)
+            else:
                 await cur.execute(
                     statement.sql, statement.params, prepare=statement.prepare_argument
                 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields
 from datetime import datetime
 from typing import Any
@@ -82,6 +84,66 @@ _DEFAULTS = {f.name: f.default for f in fields(Action) if f.default is not MISSI
 #: A state by its name (a ``StrEnum``: a state itself finds itself too); a dict lookup, not the
 #: enum's call.
 _STATES: dict[str, ActionState] = {state.value: state for state in ActionState}
+
+
+def action_maker(names: Sequence[str], prefix: str = "") -> Callable[[Sequence[Any]], Action]:
+    """What makes an ``Action`` of each row of a result whose columns are ``names`` (a row as
+    the tuple psycopg reads; the columns named ``prefix`` + a field's name, others ignored; a
+    field without its column takes its default): made once a result, then one call a row.
+
+    Every claim and take reads a row an action. ``from_row`` of a dict row cost a dict a row
+    (psycopg's ``dict_row``) and a lookup by name a field; here the result's column positions
+    are found once, a row is reordered into the fields' order by one ``itemgetter`` call, and
+    ``_from_fields`` sets each slot by a plain attribute store."""
+    at = {name: i for i, name in enumerate(names)}
+    missing = [name for name in _FIELD_NAMES if prefix + name not in at]
+    absent = [name for name in missing if name not in _DEFAULTS]
+    if absent:
+        raise KeyError(f"no column for {', '.join(absent)}")
+    defaults = tuple(_DEFAULTS[name] for name in missing)
+    width = len(names)
+    positions = [
+        at[prefix + name] if prefix + name in at else width + missing.index(name)
+        for name in _FIELD_NAMES
+    ]
+    fields_of = operator.itemgetter(*positions)
+    if not defaults:
+        return lambda row: _from_fields(fields_of(row))
+    return lambda row: _from_fields(fields_of((*row, *defaults)))
+
+
+def _from_fields(v: Sequence[Any]) -> Action:
+    """The action of its fields' values, in ``fields(Action)``'s order (``action_maker``);
+    made as ``created_action`` makes one. A test holds the order to the dataclass's."""
+    action: Any = _Unfrozen()
+    action.id = v[0]
+    action.kind = v[1]
+    state = _STATES.get(v[2])
+    action.state = state if state is not None else ActionState(v[2])  # ValueError
+    action.workspace_id = v[3]
+    action.lane_key = v[4]
+    action.idempotency_key = v[5]
+    action.payload = v[6]
+    action.subject_account_id = v[7]
+    action.max_attempts = v[8]
+    action.expires_at = v[9]
+    action.attempt = v[10]
+    action.epoch = v[11]
+    action.available_at = v[12]
+    action.lease_until = v[13]
+    action.write_started_at = v[14]
+    action.readback_ref = v[15]
+    action.stop_reason = v[16]
+    action.created_at = v[17]
+    action.ended_at = v[18]
+    action.retry_reason = v[19]
+    action.earlier_write_at = v[20]
+    action.priority = v[21]
+    action.limit_key = v[22]
+    action.created = v[23]
+    action.__class__ = Action
+    made: Action = action
+    return made
 
 
 class _Unfrozen:

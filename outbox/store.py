@@ -10,8 +10,9 @@ adapter runs.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,10 +20,11 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.rows import RowMaker
 from psycopg_pool import AsyncConnectionPool
 
 from outbox._io import Operation, Statement, commit_pipelined, run_async
-from outbox.action import Action
+from outbox.action import Action, action_maker
 from outbox.batching import GroupWriter
 from outbox.binary_arrays import (
     BoolArray,
@@ -56,8 +58,75 @@ class ClaimedAction:
     lease_left: timedelta
 
 
-def _claimed(rows: list[dict[str, Any]]) -> list[ClaimedAction]:
-    return [ClaimedAction(Action.from_row(row), row["lease_left"]) for row in rows]
+#: A ``claim_heads`` row as ``claim_rows`` makes it: the action it claimed (None on the row of
+#: NULLs of a claim that found nothing), and, on its first row, the limit keys it walked.
+ClaimRow = tuple[ClaimedAction | None, list[str] | None]
+#: A ``finish_many`` row as ``finish_rows`` makes it: the token it answers, the kind its outage
+#: row should hear of (``outage_note``), and the lane's next action when the finish handed on.
+FinishRow = tuple[FenceToken, str | None, ClaimedAction | None]
+
+
+#: The prefix of a finish row's columns of the lane's next action.
+_NEXT = "next_"
+
+
+def _row_factory(read: Callable[[list[str]], RowMaker[T]]) -> Callable[[Any], RowMaker[T]]:
+    """A psycopg row factory (``Statement.rows``) of what ``read`` makes of a result's column
+    names: the row maker. psycopg also asks a cursor's factory of a result it holds from
+    another statement (when the factory is set on a cursor that ran one) or of a result without
+    rows; that maker refuses to make a row, as ``dict_row``'s does."""
+
+    def factory(cursor: Any) -> RowMaker[T]:
+        names = [column.name for column in cursor.description or ()]
+        try:
+            return read(names)
+        except (KeyError, ValueError) as error:
+            return functools.partial(_not_these_rows, read.__name__, str(error))
+
+    factory.__name__ = read.__name__
+    return factory
+
+
+def _not_these_rows(reader: str, why: str, values: Sequence[Any]) -> Any:
+    raise psycopg.InterfaceError(f"{reader}: not the rows of its statement ({why})")
+
+
+@_row_factory
+def claim_rows(names: list[str]) -> RowMaker[ClaimRow]:
+    """The rows of a ``claim_heads``."""
+    make = action_maker(names)
+    id_at, left_at, walked_at = names.index("id"), names.index("lease_left"), names.index("walked")
+
+    def row(values: Sequence[Any]) -> ClaimRow:
+        if values[id_at] is None:
+            return None, values[walked_at]
+        return ClaimedAction(make(values), values[left_at]), values[walked_at]
+
+    return row
+
+
+@_row_factory
+def taken_rows(names: list[str]) -> RowMaker[ClaimedAction]:
+    """The rows of a ``take_attempt`` or ``take_attempts``: the actions taken."""
+    make = action_maker(names)
+    left_at = names.index("lease_left")
+    return lambda values: ClaimedAction(make(values), values[left_at])
+
+
+@_row_factory
+def finish_rows(names: list[str]) -> RowMaker[FinishRow]:
+    """The rows of a ``finish_many`` (its successor's columns are named ``next_*``)."""
+    make = action_maker(names, _NEXT)
+    id_at, epoch_at, kind_at = names.index("id"), names.index("epoch"), names.index("outage_kind")
+    next_at, left_at = names.index("next_id"), names.index("next_lease_left")
+
+    def row(values: Sequence[Any]) -> FinishRow:
+        token = FenceToken(values[id_at], values[epoch_at])
+        if values[next_at] is None:
+            return token, values[kind_at], None
+        return token, values[kind_at], ClaimedAction(make(values), values[left_at])
+
+    return row
 
 
 #: Most lanes one claim folds from the lane intake into the lane rows before it reads them. A
@@ -217,7 +286,7 @@ class FirstClaims:
 
 
 def settle_first_claims(
-    claims: Sequence[KindClaim], answers: Sequence[list[dict[str, Any]]], cursor: dict[str, str]
+    claims: Sequence[KindClaim], answers: Sequence[list[ClaimRow]], cursor: dict[str, str]
 ) -> FirstClaims:
     """Reads each claim's rows (``answers``, in ``claims`` order): each kind's round robin goes on
     after the last key it walked (``cursor``)."""
@@ -231,10 +300,10 @@ def settle_first_claims(
     return FirstClaims(claimed, fills)
 
 
-def claimed_rows(rows: list[dict[str, Any]]) -> list[ClaimedAction]:
+def claimed_rows(rows: list[ClaimRow]) -> list[ClaimedAction]:
     """The actions a ``claim_heads`` claimed (a claim that found nothing returns one row of
     NULLs, for its walked keys)."""
-    return _claimed([row for row in rows if row["id"] is not None])
+    return [claimed for claimed, _ in rows if claimed is not None]
 
 
 def claim_heads_statement(
@@ -266,6 +335,7 @@ def claim_heads_statement(
             "key_cap": key_cap,
         },
         prepare=True,
+        rows=claim_rows,
     )
 
 
@@ -282,9 +352,9 @@ class HeadsClaimed:
         return len(self.walked) > 1 and bool(self.claimed) and left > len(self.claimed)
 
 
-def heads_claimed(rows: list[dict[str, Any]], kind: str, cursor: dict[str, str]) -> HeadsClaimed:
+def heads_claimed(rows: list[ClaimRow], kind: str, cursor: dict[str, str]) -> HeadsClaimed:
     """Reads a ``claim_heads``'s rows; the kind's round robin goes on after the last key walked."""
-    walked: list[str] = (rows[0]["walked"] or []) if rows else []
+    walked: list[str] = (rows[0][1] or []) if rows else []
     if walked:
         cursor[kind] = walked[-1]
     return HeadsClaimed(claimed_rows(rows), walked)
@@ -300,6 +370,7 @@ def second_claim_statement(first: Statement, took: HeadsClaimed, left: int) -> S
         first.sql,
         {**params, "reclaim": False, "keys": took.walked, "per_key": left, "limit": left},
         prepare=True,
+        rows=claim_rows,
     )
 
 
@@ -390,17 +461,6 @@ class Finished:
     same statement when the finish handed off, with its payload."""
 
     next: ClaimedAction | None = None
-
-
-_NEXT = "next_"
-
-
-def _handed_on(row: dict[str, Any]) -> ClaimedAction | None:
-    """The successor a finish row carries (its ``next_*`` columns), if any."""
-    if row.get("next_id") is None:
-        return None
-    fields = {name[len(_NEXT) :]: value for name, value in row.items() if name.startswith(_NEXT)}
-    return _claimed([fields])[0]
 
 
 def _by_token(rows: list[dict[str, Any]]) -> dict[FenceToken, dict[str, Any]]:
@@ -544,22 +604,26 @@ class Store:
     def group_writers(self) -> tuple[GroupWriter[Any, FenceToken, Any], ...]:
         return (self._take, self._fence, self._finish)
 
-    async def _rows(self, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    async def _rows(self, name: str, params: Mapping[str, Any], rows: Any = None) -> list[Any]:
         """One of an attempt's statements (its take, fence or finish), prepared at its first
-        run on a connection (``Statement.prepare``)."""
+        run on a connection (``Statement.prepare``); ``rows`` as ``Statement.rows``."""
 
-        def op() -> Operation[list[dict[str, Any]]]:
-            return (yield Statement(queries_for(self.schema)[name], params, prepare=True))
+        def op() -> Operation[list[Any]]:
+            return (
+                yield Statement(queries_for(self.schema)[name], params, prepare=True, rows=rows)
+            )
 
         return await self.run(op())
 
     async def _take_one(self, token: FenceToken) -> ClaimedAction | None:
-        rows = await self._rows("take_attempt", take_params(token, self.lease, self.taker))
-        return _claimed(rows)[0] if rows else None
+        params = take_params(token, self.lease, self.taker)
+        taken: list[ClaimedAction] = await self._rows("take_attempt", params, taken_rows)
+        return taken[0] if taken else None
 
     async def _take_many(self, tokens: Sequence[FenceToken]) -> dict[FenceToken, ClaimedAction]:
-        rows = await self._rows("take_attempts", takes_params(tokens, self.lease, self.taker))
-        return {token: _claimed([row])[0] for token, row in _by_token(rows).items()}
+        params = takes_params(tokens, self.lease, self.taker)
+        taken: list[ClaimedAction] = await self._rows("take_attempts", params, taken_rows)
+        return {claimed.action.token: claimed for claimed in taken}
 
     async def _fence_one(self, fence: FenceRequest) -> bool:
         return bool(await self._rows("begin_write", fence_params(fence)))
@@ -573,9 +637,12 @@ class Store:
 
     async def _finish_many(self, finishes: Sequence[FinishRequest]) -> dict[FenceToken, Finished]:
         # One statement for every finish, one row or many: ends, retries and deferrals alike.
-        rows = _by_token(await self._rows("finish_many", finishes_params(finishes, self.taker)))
+        params = finishes_params(finishes, self.taker)
+        rows: dict[FenceToken, FinishRow] = {
+            row[0]: row for row in await self._rows("finish_many", params, finish_rows)
+        }
         note = outage_note(
-            (request[0].action_id, request[1], rows[request[0]]["outage_kind"])
+            (request[0].action_id, request[1], rows[request[0]][1])
             for request in finishes
             if request[0] in rows
         )
@@ -595,7 +662,7 @@ class Store:
                     type(error).__name__,
                     extra={"event": "provider_outage_note_failed"},
                 )
-        return {token: Finished(_handed_on(row)) for token, row in rows.items()}
+        return {token: Finished(row[2]) for token, row in rows.items()}
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:

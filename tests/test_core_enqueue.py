@@ -26,7 +26,7 @@ from outbox import (
     refuse,
 )
 from outbox._io import Statement, as_sent, run_async, run_sync
-from outbox.action import Action, created_action
+from outbox.action import Action, action_maker, created_action
 from tests.support import rows
 
 NOTE = ActionKind("NOTE")
@@ -367,6 +367,27 @@ def test_an_action_read_from_a_row_is_made_as_the_dataclass_would_make_it(state)
     assert (made.limit_key, made.created) == (None, False)
     with pytest.raises(FrozenInstanceError):
         made.epoch = 4  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("extra", [{}, {"limit_key": "key-of-limits", "created": True}])
+@pytest.mark.parametrize("state", [ActionState.EXECUTING, "DONE"])
+def test_an_action_made_from_a_row_tuple_is_made_as_from_its_dict(state, extra):
+    # A claim's and a take's rows come as tuples (``action_maker``): the columns in any order,
+    # the fields set by position, a field without its column (limit_key, created) defaulted.
+    row = {**action_row(state), **extra}
+    names = list(reversed(row))
+    made = action_maker(names)(tuple(row[name] for name in names))
+    assert type(made) is Action and made.state is ActionState(state)
+    assert made == Action.from_row(row)
+    assert (made.limit_key, made.created) == (extra.get("limit_key"), extra.get("created", False))
+    # A finish's successor: its columns named next_*, beside the finish's own.
+    successor = action_maker(["id", "epoch", *(f"next_{name}" for name in names)], "next_")
+    assert successor((1, 2, *(row[name] for name in names))) == made
+
+
+def test_a_row_without_a_column_for_a_field_without_default_is_refused():
+    with pytest.raises(KeyError, match="epoch"):
+        action_maker([name for name in action_row("DONE") if name != "epoch"])
 
 
 def test_an_action_row_with_an_unknown_state_is_refused():
