@@ -7,7 +7,8 @@ twelve arrays of 100; its binary array dumper took 0.25 ms, and the server then 
 The outbox converts its statements to ``$n`` placeholders itself (``outbox._io``), which psycopg
 dumps in its automatic format, the last dumper registered for the value's class: each subclass
 of ``list`` here is registered with a binary array dumper of its own type, so it goes in binary
-wherever psycopg sees it, and a plain list stays as it was.
+wherever psycopg sees it, and a plain list stays as it was. The most common arrays of a batch
+are made at once (``_FixedArrayDumper``).
 
 The type is the class's, never the elements': psycopg's own list dumper picks an array's type
 from what it holds (``smallint[]`` for small ids, ``bigint[]`` for large ones, an array of
@@ -31,10 +32,12 @@ and in binary as ``text[]``), and a binary array dumper refuses a list of lists.
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import psycopg
 from psycopg import postgres
+from psycopg.abc import Buffer
 from psycopg.types.array import ListBinaryDumper
 from psycopg.types.numeric import Int8
 
@@ -68,13 +71,59 @@ class BoolArray(list[Any]):
     """A ``boolean[]`` of bools and nulls."""
 
 
-def _fixed_dumper(element: str) -> type[ListBinaryDumper]:
-    """A binary array dumper that always sends ``element[]``, whatever the list holds."""
+#: PostgreSQL's binary array (one dimension): dimensions, whether any element is null, the
+#: element type, the length and the lower bound; then each element's length (-1: null) and
+#: bytes.
+_HEAD = struct.Struct(">iiIii").pack
+_NULL = b"\xff\xff\xff\xff"
+_INT8 = struct.Struct(">iq").pack
+_TRUE = b"\x00\x00\x00\x01\x01"
+_FALSE = b"\x00\x00\x00\x01\x00"
+
+
+class _FixedArrayDumper(ListBinaryDumper):
+    """psycopg's binary array dumper of one fixed type, with the arrays a batch sends most made
+    at once: all nulls (a finish's reasons, references and hand-offs, a fence's references),
+    and the ids, epochs and flags, one ``struct`` call an element. psycopg's own loop calls an
+    element's dumper and packs its length, an element at a time: 100 nulls took 7.1 us
+    against 0.5, 100 ids 25.6 against 14.8, 100 flags 26.7 against 6.0 (a finish sends
+    thirteen arrays, four to six of them nulls: about 1.2 us an action less). Text, times and intervals go through psycopg's C
+    dumpers, which beat anything written here. The bytes are psycopg's (a test compares them)."""
+
+    def dump(self, obj: list[Any]) -> Buffer | None:
+        length = len(obj)
+        if length and obj.count(None) == length:
+            return _HEAD(1, 1, self.element_oid, length, 1) + _NULL * length
+        return super().dump(obj)
+
+
+class _Int8ArrayDumper(_FixedArrayDumper):
+    def dump(self, obj: list[Any]) -> Buffer | None:
+        if not obj or None in obj:
+            return super().dump(obj)
+        try:
+            elements = b"".join([_INT8(8, value) for value in obj])
+        except struct.error as error:
+            raise psycopg.DataError(f"bigint[] element out of range: {error}") from None
+        return _HEAD(1, 0, self.element_oid, len(obj), 1) + elements
+
+
+class _BoolArrayDumper(_FixedArrayDumper):
+    def dump(self, obj: list[Any]) -> Buffer | None:
+        if not obj or None in obj:
+            return super().dump(obj)
+        elements = b"".join([_TRUE if value else _FALSE for value in obj])
+        return _HEAD(1, 0, self.element_oid, len(obj), 1) + elements
+
+
+def _fixed_dumper(base: type[_FixedArrayDumper], element: str) -> type[_FixedArrayDumper]:
+    """A binary array dumper (``base``) that always sends ``element[]``, whatever the list
+    holds."""
     info = postgres.types.get(element)
     assert info is not None, element
     array_type, element_type = info.array_oid, info.oid
 
-    class FixedArrayDumper(ListBinaryDumper):
+    class FixedArrayDumper(base):  # type: ignore[valid-type,misc]
         # Both oids set on the class, as psycopg's own ``register_array`` sets them: its
         # elements go through the binary dumper of ``element``, and psycopg neither looks at
         # them for a type (``get_key``) nor picks another dumper (``upgrade``).
@@ -82,14 +131,15 @@ def _fixed_dumper(element: str) -> type[ListBinaryDumper]:
         element_oid = element_type
 
     FixedArrayDumper.__name__ = f"{element.title()}ArrayBinaryDumper"
-    return FixedArrayDumper
+    dumper: type[_FixedArrayDumper] = FixedArrayDumper
+    return dumper
 
 
-for _cls, _element in (
-    (Int8Array, "int8"),
-    (TextArray, "text"),
-    (IntervalArray, "interval"),
-    (TimestamptzArray, "timestamptz"),
-    (BoolArray, "bool"),
+for _cls, _base, _element in (
+    (Int8Array, _Int8ArrayDumper, "int8"),
+    (TextArray, _FixedArrayDumper, "text"),
+    (IntervalArray, _FixedArrayDumper, "interval"),
+    (TimestamptzArray, _FixedArrayDumper, "timestamptz"),
+    (BoolArray, _BoolArrayDumper, "bool"),
 ):
-    psycopg.adapters.register_dumper(_cls, _fixed_dumper(_element))
+    psycopg.adapters.register_dumper(_cls, _fixed_dumper(_base, _element))

@@ -9,10 +9,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg import RawCursor, pq
 from psycopg.adapt import PyFormat, Transformer
+from psycopg.types.array import ListBinaryDumper
 
 from outbox.binary_arrays import (
     BoolArray,
@@ -96,6 +98,63 @@ def test_an_arrays_type_is_its_classs_whatever_it_holds(database_url: str, data:
             cur.execute(f"SELECT (SELECT $1::{name}[])", [cls(values)])
             row = cur.fetchone()
             assert row is not None and row[0] == values
+
+
+#: Wider than what a batch holds: any aware time (before 2000 too, in any zone), any interval.
+WIDER: dict[type[list[Any]], st.SearchStrategy[Any]] = {
+    Int8Array: ARRAYS[Int8Array][1],
+    TextArray: ARRAYS[TextArray][1],
+    IntervalArray: st.one_of(st.none(), st.timedeltas()),
+    TimestamptzArray: st.one_of(
+        st.none(),
+        st.datetimes(
+            min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.timezones()
+        ),
+    ),
+    BoolArray: ARRAYS[BoolArray][1],
+}
+
+
+def psycopgs_own(cls: type[list[Any]], conn: psycopg.Connection[Any]) -> Any:
+    """psycopg's binary array dumper for ``cls``'s array type, its elements through psycopg's
+    own binary dumpers: the bytes the outbox's dumpers must make."""
+    name = ARRAYS[cls][0]
+    info = psycopg.postgres.types.get(name)
+    assert info is not None
+
+    class Reference(ListBinaryDumper):
+        oid = info.array_oid
+        element_oid = info.oid
+
+    return Reference(list, conn)
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_an_arrays_bytes_are_psycopgs_own(database_url: str, data: Any) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        tx = Transformer(conn)
+        for cls, elements in WIDER.items():
+            values = cls(data.draw(st.lists(elements, max_size=8)))
+            ours = tx.get_dumper(values, PyFormat.AUTO).dump(values)
+            theirs = psycopgs_own(cls, conn).dump(list(values))
+            assert bytes(ours) == bytes(theirs), (cls, values)
+
+
+def test_an_integer_beyond_bigint_is_refused(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        dumper = Transformer(conn).get_dumper(Int8Array([2**63]), PyFormat.AUTO)
+        with pytest.raises(psycopg.DataError):
+            dumper.dump(Int8Array([1, 2**63]))
+
+
+def test_text_goes_in_the_connections_encoding(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("SET client_encoding TO 'LATIN1'")
+        cur = RawCursor(conn)
+        cur.execute("SELECT (SELECT $1::text[])", [TextArray(["café", None])])
+        row = cur.fetchone()
+    assert row is not None and row[0] == ["café", None]
 
 
 def test_a_statement_of_any_batch_is_one_prepared_statement(database_url: str) -> None:
