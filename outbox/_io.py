@@ -51,7 +51,7 @@ class Statement:
     params: Mapping[str, Any] | None = None
     tuples: bool = False
     prepare: bool = False
-    rows: Any = None
+    rows: Callable[[Any], Any] | None = None
 
     @property
     def prepare_argument(self) -> bool | None:

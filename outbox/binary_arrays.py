@@ -87,8 +87,9 @@ class _FixedArrayDumper(ListBinaryDumper):
     and the ids, epochs and flags, one ``struct`` call an element. psycopg's own loop calls an
     element's dumper and packs its length, an element at a time: 100 nulls took 7.1 us
     against 0.5, 100 ids 25.6 against 14.8, 100 flags 26.7 against 6.0 (a finish sends
-    thirteen arrays, four to six of them nulls: about 1.2 us an action less). Text, times and intervals go through psycopg's C
-    dumpers, which beat anything written here. The bytes are psycopg's (a test compares them)."""
+    thirteen arrays, four to six of them nulls: about 1.2 us an action less). Text, times and
+    intervals go through psycopg's C dumpers, which beat the same written here. The bytes are
+    psycopg's (a test compares them)."""
 
     def dump(self, obj: list[Any]) -> Buffer | None:
         length = len(obj)

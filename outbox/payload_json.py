@@ -40,13 +40,13 @@ def loads(data: Buffer) -> Any:
 
 
 class PayloadLoader(Loader):
-    """``json`` and ``jsonb`` in text format (as the outbox's statements read them)."""
+    """``jsonb`` in text format (as the outbox's statements read it)."""
 
     def load(self, data: Buffer) -> Any:
         return loads(data)
 
 
 def read_payloads_fast(cursor: Any) -> None:
-    """Sets ``cursor`` to parse ``json`` and ``jsonb`` with ``PayloadLoader``."""
+    """Sets ``cursor`` to parse ``jsonb`` (a payload's type) with ``PayloadLoader``: about 8 us
+    a cursor (its adapters become its own), against 4 to 5 us saved a payload."""
     cursor.adapters.register_loader("jsonb", PayloadLoader)
-    cursor.adapters.register_loader("json", PayloadLoader)

@@ -70,7 +70,7 @@ FinishRow = tuple[FenceToken, str | None, ClaimedAction | None]
 _NEXT = "next_"
 
 
-def _row_factory(read: Callable[[list[str]], RowMaker[T]]) -> Callable[[Any], RowMaker[T]]:
+def _reading(read: Callable[[list[str]], RowMaker[T]]) -> Callable[[Any], RowMaker[T]]:
     """A psycopg row factory (``Statement.rows``) of what ``read`` makes of a result's column
     names: the row maker. psycopg also asks a cursor's factory of a result it holds from
     another statement (when the factory is set on a cursor that ran one) or of a result without
@@ -91,7 +91,7 @@ def _not_these_rows(reader: str, why: str, values: Sequence[Any]) -> Any:
     raise psycopg.InterfaceError(f"{reader}: not the rows of its statement ({why})")
 
 
-@_row_factory
+@_reading
 def claim_rows(names: list[str]) -> RowMaker[ClaimRow]:
     """The rows of a ``claim_heads``."""
     make = action_maker(names)
@@ -105,7 +105,7 @@ def claim_rows(names: list[str]) -> RowMaker[ClaimRow]:
     return row
 
 
-@_row_factory
+@_reading
 def taken_rows(names: list[str]) -> RowMaker[ClaimedAction]:
     """The rows of a ``take_attempt`` or ``take_attempts``: the actions taken."""
     make = action_maker(names)
@@ -113,7 +113,7 @@ def taken_rows(names: list[str]) -> RowMaker[ClaimedAction]:
     return lambda values: ClaimedAction(make(values), values[left_at])
 
 
-@_row_factory
+@_reading
 def finish_rows(names: list[str]) -> RowMaker[FinishRow]:
     """The rows of a ``finish_many`` (its successor's columns are named ``next_*``)."""
     make = action_maker(names, _NEXT)
