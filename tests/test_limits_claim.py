@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -420,17 +421,28 @@ def rows_of_a_claim(conn, schema: str, limit: int, **kwargs) -> list[tuple[str, 
     ran: list[tuple[str, list[dict]]] = []
     op = claim_operation(schema, {NOTE.name: limit}, LEASE, take=False, **kwargs)
     with conn.transaction(force_rollback=True), conn.cursor() as cur:
-        cur.row_factory = psycopg.rows.dict_row
         try:
             statement = next(op)
             while True:
+                # Each statement's rows as the operation reads them (a claim's: its own rows);
+                # the test reads them as dicts.
+                cur.row_factory = statement.rows or psycopg.rows.dict_row
                 cur.execute(statement.sql, statement.params)
                 rows = cur.fetchall()
-                ran.append((names[statement.sql], rows))
+                ran.append((names[statement.sql], [as_dict(row) for row in rows]))
                 statement = op.send(rows)
         except StopIteration:
             pass
     return ran
+
+
+def as_dict(row: Any) -> dict:
+    """A row as a dict of its columns: a claim's row (``outbox.store.ClaimRow``) as its action's
+    fields (or a NULL id) and the keys it walked."""
+    if isinstance(row, dict):
+        return row
+    claimed, walked = row
+    return {"walked": walked, **(claimed.action.as_dict() if claimed else {"id": None})}
 
 
 def statements_of_a_claim(conn, schema: str, limit: int, **kwargs) -> list[str]:
