@@ -22,7 +22,7 @@ from outbox.attempt import ActionAttempt
 from outbox.config import Settings
 from outbox.errors import TransactionOpenError
 from outbox.fence_token import FenceToken
-from outbox.lease_timer import LeaseClock, LeaseTimer
+from outbox.lease_timer import LeaseClock, LeaseTimer, lease_end_lead
 from outbox.limits import RATE_HORIZON, KindLimits
 from outbox.observers import ExecutorObserver, Observers
 from outbox.outage import OUTAGE, sent_again
@@ -193,13 +193,13 @@ class ActionExecutor:
         # The adapter runs in this task under a timer, not in a task and a wait of its own (a
         # few futures and callbacks an attempt on the worker's loop). Until the fence passes,
         # the attempt is useful only while the fence could pass; once it passed, the timer runs
-        # to the lease's end (``LeaseTimer``).
+        # to just before the lease's end (``LeaseTimer``, ``lease_end_lead``).
         clock = self._lease_clock()
         to_loop = clock.loop.time() - time.monotonic()
         timer = LeaseTimer(
             clock,
             attempt.deadline - margin + to_loop,
-            attempt.deadline + to_loop,
+            attempt.deadline - lease_end_lead(margin) + to_loop,
             lambda: attempt.fence_passed,
         )
         try:

@@ -3,7 +3,9 @@ loop timers all of a process's attempts share.
 
 Until its fence passes, an attempt is useful only while the fence could still pass, so it is
 cut at the lease's end less the write margin; once the fence passed, the margin belongs to the
-provider call and it is cut at the lease's end.
+provider call and it is cut at the lease's end, less a lead (``lease_end_lead``): a process whose
+loop runs its timers late by less than the lead still cuts the attempt before another claimer
+may take its action again, so the next action of its lane never starts beside it.
 
 ``asyncio.timeout_at`` did this with a loop timer set on entry and set again when the fence
 passed: with thousands of attempts a second, making and cancelling those timers was a tenth of
@@ -12,7 +14,7 @@ the executing process's CPU. Here an attempt joins the tick of its cut instead: 
 attempts all share one). An attempt that ends in time (nearly all) leaves its tick's set and
 costs no timer of its own; the last to leave a tick cancels the tick's loop timer. An attempt
 is cut up to a tick early, never late. When its tick comes after its fence passed, it joins
-the tick of the lease's end.
+the tick of its deadline (the lease's end less the lead).
 
 A cut cancels the task the timer was entered in, as ``asyncio.Timeout`` does, and that
 cancellation becomes ``TimeoutError`` on exit; a cancellation from anyone else (a shutdown)
@@ -29,6 +31,16 @@ from types import TracebackType
 #: Seconds between ticks: how early an attempt may be cut. Small beside a write margin (a
 #: minute by default).
 TICK = 0.05
+#: Seconds before the lease's end that an attempt past its fence is cut: how late a busy loop
+#: may run the cut's timer before a reclaim could start beside the attempt. At most half the
+#: write margin, which is the provider call's time.
+LEASE_END_LEAD = 0.25
+
+
+def lease_end_lead(write_margin: float) -> float:
+    """How long before the lease's end an attempt past its fence is cut, for a write margin of
+    ``write_margin`` seconds."""
+    return min(LEASE_END_LEAD, write_margin / 2)
 
 
 class LeaseClock:

@@ -371,6 +371,36 @@ async def test_a_read_back_adapter_that_outlives_its_lease_after_the_fence_is_re
     assert row["earlier_write_at"] is not None
 
 
+class WriterOnABusyLoop:
+    """Passes its fence, then waits past its lease while something else holds the loop for
+    0.2 s from just before the lease's end to just after it. Notes how much of its time was
+    left when it was cut."""
+
+    left_when_cut: float | None = None
+
+    async def execute(self, attempt):
+        assert await attempt.fence().begin_write()
+        loop = asyncio.get_running_loop()
+        loop.call_at(loop.time() + attempt.time_left() - 0.15, time.sleep, 0.2)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.left_when_cut = attempt.time_left()
+            raise
+        return Done()
+
+
+async def test_a_loop_running_late_still_cuts_an_attempt_past_its_fence_before_its_lease_ends(
+    make_outbox, database_url, schema
+):
+    # The lease's end is when another claimer may take the action again and start the next of
+    # its lane: the cut comes a lead before it, so a loop 0.2 s late still stops the attempt.
+    writer = WriterOnABusyLoop()
+    outcome = await run_under_lease(make_outbox, database_url, writer, ONCE, 2, 1)
+    assert outcome.result == Uncertain(StopReason.LEASE_EXPIRED_DURING_WRITE)
+    assert writer.left_when_cut is not None and writer.left_when_cut > 0
+
+
 async def test_at_most_once_lease_lost_after_the_fence_ends_uncertain_and_never_runs_again(
     make_outbox, database_url, schema
 ):
