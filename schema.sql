@@ -851,6 +851,19 @@ BEGIN
 END;
 $$;
 
+-- function outbox_claimer_may_judge(text, interval, interval)
+
+CREATE FUNCTION outbox.outbox_claimer_may_judge(p_claimer text, p_silent interval, p_gap interval) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET search_path TO 'outbox'
+    AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM outbox_process
+         WHERE process_id = p_claimer
+           AND last_seen >= now() - p_gap
+           AND beating_since <= now() - p_silent)
+$$;
+
 -- table agent_action_attempt
 
 CREATE TABLE outbox.agent_action_attempt (
@@ -1028,6 +1041,7 @@ CREATE TABLE outbox.outbox_process (
     started_at timestamp with time zone NOT NULL,
     last_seen timestamp with time zone DEFAULT now() NOT NULL,
     in_flight integer DEFAULT 0 NOT NULL,
+    beating_since timestamp with time zone,
     CONSTRAINT outbox_process_in_flight_check CHECK ((in_flight >= 0)),
     CONSTRAINT outbox_process_role_check CHECK ((role = ANY (ARRAY['claimer'::text, 'worker'::text])))
 );

@@ -63,7 +63,7 @@ HOLD_CEILING = 12
 
 @dataclass(frozen=True, slots=True)
 class OutageRule:
-    """When a kind's provider counts as down (``outage_verdict``), and how long a hold of it
+    """When a kind's provider counts as down (``verdict``), and how long a hold of it
     starts (a zero ``hold``: no hold). ``Settings.outage_rule`` gives the configured one."""
 
     threshold: int = DEFAULT_THRESHOLD
@@ -71,8 +71,15 @@ class OutageRule:
     hold: timedelta = DEFAULT_HOLD
 
     def verdict(self, actions: int, retrying_for: float) -> OutageVerdict:
-        """``outage_verdict`` under this rule's threshold and limit."""
-        return outage_verdict(actions, retrying_for, self.threshold, self.limit)
+        """The one rule of "counts as down", for the executor (``Store.provider_down``), ``outbox
+        status`` and the console alike: ``actions`` distinct actions of a kind retried since its
+        last DONE, the first ``retrying_for`` seconds ago (both read off the database and its
+        clock)."""
+        if not 0 < self.threshold <= actions:
+            return OutageVerdict.RETRYING
+        if retrying_for < self.limit.total_seconds():
+            return OutageVerdict.DOWN
+        return OutageVerdict.PAST_LIMIT
 
     def down(self, row: dict[str, Any]) -> bool:
         """Whether an outage row's numbers (``actions``, ``retrying_for``) say down."""
@@ -149,20 +156,6 @@ _CONSEQUENCES = {
         "provider down past OUTBOX_OUTAGE_LIMIT_SECONDS, attempts count again"
     ),
 }
-
-
-def outage_verdict(
-    actions: int, retrying_for: float, threshold: int, limit: timedelta
-) -> OutageVerdict:
-    """The one rule of "counts as down", for the executor (``Store.provider_down``), ``outbox
-    status`` and the console alike, each through its ``OutageRule``: ``actions`` distinct
-    actions of a kind retried since its last DONE, the first ``retrying_for`` seconds ago (both
-    read off the database and its clock)."""
-    if not 0 < threshold <= actions:
-        return OutageVerdict.RETRYING
-    if retrying_for < limit.total_seconds():
-        return OutageVerdict.DOWN
-    return OutageVerdict.PAST_LIMIT
 
 
 def outage_note(

@@ -409,12 +409,13 @@ class LostClaim:
 
 
 def release_lost_claims_operation(
-    schema: str, claimer: str, silent: timedelta
+    schema: str, claimer: str, silent: timedelta, gap: timedelta
 ) -> Operation[list[LostClaim]]:
     """Gives back the untaken claims of every other claimer whose heartbeat is older than
     ``silent`` (killed between its claim's commit and its push): each becomes ADMITTED and due
-    now. ``claimer``: the caller's own heartbeat process id."""
-    params = {"claimer": claimer, "silent": silent}
+    now. ``claimer``: the caller's own heartbeat process id, whose beats must have run unbroken
+    (none more than ``gap`` after the last) for ``silent`` (``outbox_claimer_may_judge``)."""
+    params = {"claimer": claimer, "silent": silent, "gap": gap}
     rows = yield Statement(queries_for(schema)["release_claims_of_lost_claimers"], params)
     return [
         LostClaim(FenceToken(row["id"], row["epoch"]), row["kind"], row["claimed_by"])
@@ -432,13 +433,15 @@ class LostAttempt:
 
 
 def release_lost_attempts_operation(
-    schema: str, silent: timedelta, within: timedelta
+    schema: str, claimer: str, silent: timedelta, within: timedelta, gap: timedelta
 ) -> Operation[list[LostAttempt]]:
     """Gives back the taken attempts that had not passed their fence of every worker whose
     heartbeat is older than ``silent`` but not than ``within`` (killed between its take and its
     fence): each becomes ADMITTED and due now (retry reason WORKER_LOST), its attempt counted,
-    its history row ended (RETRY, WORKER_LOST)."""
-    params = {"silent": silent, "within": within}
+    its history row ended (RETRY, WORKER_LOST). ``claimer``: the caller's own heartbeat process
+    id, whose beats must have run unbroken (none more than ``gap`` after the last) for
+    ``silent`` (``outbox_claimer_may_judge``)."""
+    params = {"claimer": claimer, "silent": silent, "within": within, "gap": gap}
     rows = yield Statement(queries_for(schema)["release_attempts_of_lost_workers"], params)
     return [
         LostAttempt(FenceToken(row["id"], row["epoch"]), row["kind"], row["taken_by"])
@@ -604,7 +607,9 @@ class Store:
     def group_writers(self) -> tuple[GroupWriter[Any, FenceToken, Any], ...]:
         return (self._take, self._fence, self._finish)
 
-    async def _rows(self, name: str, params: Mapping[str, Any], rows: Any = None) -> list[Any]:
+    async def _rows(
+        self, name: str, params: Mapping[str, Any], rows: Callable[[Any], Any] | None = None
+    ) -> list[Any]:
         """One of an attempt's statements (its take, fence or finish), prepared at its first
         run on a connection (``Statement.prepare``); ``rows`` as ``Statement.rows``."""
 

@@ -178,12 +178,24 @@ def app_schema(database_url: str, schema: str) -> DispatchRig:
 
 
 def heartbeat_row(
-    conn: psycopg.Connection[Any], process_id: str, role: str, silent_for: float
+    conn: psycopg.Connection[Any],
+    process_id: str,
+    role: str,
+    silent_for: float,
+    beating_for: float = 3600.0,
 ) -> None:
-    """A process's heartbeat row, last seen ``silent_for`` seconds ago (``conn`` on the schema's
-    search path)."""
+    """A process's heartbeat row, last seen ``silent_for`` seconds ago after an unbroken run of
+    beats that began ``beating_for`` seconds ago (``conn`` on the schema's search path)."""
     conn.execute(
-        "INSERT INTO outbox_process (process_id, role, host, pid, started_at, last_seen)"
-        " VALUES (%s, %s, 'h', 1, now() - interval '1 hour', now() - make_interval(secs => %s))",
-        (process_id, role, silent_for),
+        "INSERT INTO outbox_process"
+        " (process_id, role, host, pid, started_at, last_seen, beating_since)"
+        " VALUES (%s, %s, 'h', 1, now() - interval '1 hour', now() - make_interval(secs => %s),"
+        " now() - make_interval(secs => %s))",
+        (process_id, role, silent_for, beating_for),
     )
+
+
+def judge_row(conn: psycopg.Connection[Any], beating_for: float = 3600.0) -> None:
+    """The heartbeat row of the claimer "me" whose housekeeping judges the others: it beat just
+    now, its beats unbroken for ``beating_for`` seconds."""
+    heartbeat_row(conn, "me", "claimer", 0, beating_for)

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from dispatch_support import DispatchRig, app_schema, heartbeat_row
+from dispatch_support import DispatchRig, app_schema, heartbeat_row, judge_row
 from fault_support import fault_rig
 from prometheus_client import REGISTRY
 
@@ -96,7 +96,7 @@ async def test_only_untaken_claims_of_claimers_silent_past_three_beats_are_given
             conn.execute(f'SET search_path TO "{schema}"')
             _heartbeat(conn, "lost", 16)
             _heartbeat(conn, "live", 2)
-            _heartbeat(conn, "me", 16)  # a claimer never gives back its own claims
+            judge_row(conn)  # beating all along, it never gives back its own claims
             # "stopped-cleanly" took its row away: it pushed what it claimed.
             names = dict(conn.execute("SELECT id, claimed_by FROM agent_action").fetchall())
         assert names[ran[0].action.id] is None, "an in-process claim names no claimer"
@@ -145,6 +145,31 @@ async def test_a_claimers_housekeeping_gives_back_lost_claims_other_housekeeping
         assert service.silent == outbox.settings.heartbeat_interval * 3
 
 
+@pytest.mark.parametrize(
+    ("judge_silent_for", "judge_beating_for", "given_back"),
+    [(0, 14.9, 0), (7.6, 3600, 0), (0, 15.1, 2)],
+)
+async def test_only_a_claimer_beating_unbroken_for_the_silence_gives_back_claims(
+    store_rig: DispatchRig,
+    schema: str,
+    judge_silent_for: float,
+    judge_beating_for: float,
+    given_back: int,
+) -> None:
+    """A database outage silences every claimer: one judges another lost only while its own
+    beats have run unbroken (none later than 1.5 intervals) for as long as the silence."""
+    outbox, kind = store_rig.outbox(), store_rig.rb
+    await asyncio.to_thread(store_rig.enqueue, kind, lanes=2, per_lane=1)
+    async with outbox.store() as store:
+        await store.claim({kind: 2}, timedelta(seconds=60), take=False, claimer="quiet")
+        with psycopg.connect(store_rig.database_url, autocommit=True) as conn:
+            conn.execute(f'SET search_path TO "{schema}"')
+            _heartbeat(conn, "quiet", 16)
+            heartbeat_row(conn, "me", "claimer", judge_silent_for, judge_beating_for)
+        service = LostClaimers(timedelta(0), "me", heartbeat_interval=timedelta(seconds=5))
+        assert await service.run(store) == given_back
+
+
 async def test_inspect_names_the_claimer_of_an_executing_action(
     store_rig: DispatchRig, schema: str
 ) -> None:
@@ -179,6 +204,7 @@ async def test_a_give_back_racing_the_workers_takes_leaves_each_claim_taken_or_g
         with psycopg.connect(store_rig.database_url, autocommit=True) as conn:
             conn.execute(f'SET search_path TO "{schema}"')
             _heartbeat(conn, "lost", 16)
+            judge_row(conn)
         service = LostClaimers(timedelta(0), "me", heartbeat_interval=timedelta(seconds=5))
         tokens = [c.action.token for c in claimed]
         # Half the takes go in before the give-back starts, the rest race it.

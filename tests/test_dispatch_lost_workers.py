@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from dispatch_support import DispatchRig, app_schema, heartbeat_row
+from dispatch_support import DispatchRig, app_schema, heartbeat_row, judge_row
 from fault_support import fault_rig
 from prometheus_client import REGISTRY
 
@@ -91,8 +91,8 @@ def _heartbeat(conn: psycopg.Connection[Any], process_id: str, silent_for: float
 
 
 def _service() -> LostWorkers:
-    # Silent past 15 s, and for less than 15 + 5 + 60 s.
-    return LostWorkers(timedelta(0), heartbeat_interval=timedelta(seconds=5), lease=LEASE)
+    # Silent past 15 s, and for less than 15 + 5 + 60 s; judged by the claimer "me".
+    return LostWorkers(timedelta(0), "me", heartbeat_interval=timedelta(seconds=5), lease=LEASE)
 
 
 async def test_only_unfenced_attempts_of_workers_silent_past_three_beats_are_given_back(
@@ -122,6 +122,7 @@ async def test_only_unfenced_attempts_of_workers_silent_past_three_beats_are_giv
             _heartbeat(conn, "lost", 16)
             _heartbeat(conn, "live", 2)
             _heartbeat(conn, "long-gone", 200)  # its attempts are its lease's to end
+            judge_row(conn)
             # The lost worker's attempt of an action with no attempt left: its lease ends it.
             conn.execute("UPDATE agent_action SET max_attempts = 1 WHERE id = %s", [last.action_id])
             names = dict(conn.execute("SELECT id, taken_by FROM agent_action").fetchall())
@@ -181,6 +182,40 @@ async def test_only_unfenced_attempts_of_workers_silent_past_three_beats_are_giv
         assert "taken by" not in render_inspect(reclaimed)
 
 
+@pytest.mark.parametrize(
+    ("judge_silent_for", "judge_beating_for", "given_back"),
+    [
+        (0, 14.9, 0),  # back in touch with the database for less than the silence
+        (7.6, 3600, 0),  # its own last beat is later than 1.5 intervals: cut off itself
+        (0, 15.1, 2),  # beating unbroken for longer than the silence: the worker is lost
+    ],
+)
+async def test_only_a_claimer_beating_unbroken_for_the_silence_gives_back_attempts(
+    store_rig: DispatchRig,
+    schema: str,
+    judge_silent_for: float,
+    judge_beating_for: float,
+    given_back: int,
+) -> None:
+    """A database outage silences every worker, the live ones too: a claimer judges a worker
+    lost only while its own beats have run unbroken for as long as the worker's silence."""
+    outbox, kind = store_rig.outbox(), store_rig.rb
+    await asyncio.to_thread(store_rig.enqueue, kind, lanes=2, per_lane=1)
+    url = outbox.settings.require_database_url()
+    async with outbox.store() as store:
+        store.taker = "quiet"
+        tokens = [c.action.token for c in await store.claim({kind: 2}, LEASE, take=False)]
+        assert all([await store.take_attempt(t) is not None for t in tokens])
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'SET search_path TO "{schema}"')
+            _heartbeat(conn, "quiet", 16)
+            heartbeat_row(conn, "me", "claimer", judge_silent_for, judge_beating_for)
+        assert await _service().run(store) == given_back
+        with psycopg.connect(url) as conn:
+            states = [s for (s,) in conn.execute(f'SELECT state FROM "{schema}".agent_action')]
+        assert states.count("EXECUTING") == 2 - given_back
+
+
 async def test_a_hand_off_names_the_worker_that_takes_the_next_action(
     store_rig: DispatchRig, schema: str
 ) -> None:
@@ -232,6 +267,7 @@ async def test_a_give_back_racing_the_fences_leaves_each_attempt_fenced_or_given
         with psycopg.connect(store_rig.database_url, autocommit=True) as conn:
             conn.execute(f'SET search_path TO "{schema}"')
             _heartbeat(conn, "lost", 16)
+            judge_row(conn)
         # Half the fences go in before the give-back starts, the rest race it.
         early = await asyncio.gather(*(store.begin_write(t, timedelta(0)) for t in tokens[::2]))
         racing, given_back = await asyncio.gather(

@@ -78,6 +78,42 @@ def test_database_restart_mid_run_processes_reconnect_and_every_action_ends_once
         assert all(p.popen.poll() is None for p in rig.processes), rig.logs()
 
 
+def test_a_database_outage_longer_than_three_heartbeats_gives_back_no_live_workers_attempt(
+    private_postgres: PrivatePostgres, private_redis: PrivateRedis
+) -> None:
+    """Every process is silent while PostgreSQL is down, the live workers too: the claimers
+    back first must not give back their unfenced attempts (each would cost an attempt and run
+    again beside the first, which finds its fence refused)."""
+    beat = 0.3  # the processes call a worker lost after 0.9 s of silence
+    with fault_rig(
+        private_postgres.url,
+        "faults",
+        private_redis.url,
+        OUTBOX_LEASE_SECONDS="60",
+        OUTBOX_WRITE_MARGIN_SECONDS="1",
+        OUTBOX_HEARTBEAT_INTERVAL_SECONDS=str(beat),
+        OUTBOX_HOUSEKEEPING_INTERVAL_SECONDS="0.1",
+    ) as rig:
+        rig.worker(threads=4)
+        for _ in range(4):  # each a chance to be back before the worker beats again
+            rig.claimer()
+        ids = rig.enqueue(rig.rb, lanes=8, per_lane=1, payload={"sleep": 8})
+        rig.wait_rows("dispatch_call", len(ids))  # every attempt taken, waiting for its fence
+        private_postgres.restart(downtime=10 * beat)
+        rows = rig.wait_ended(ids, timeout=45)
+        with rig.connect() as conn:
+            lost = conn.execute(
+                "SELECT action_id, attempt FROM faults.agent_action_attempt"
+                " WHERE reason = 'WORKER_LOST'"
+            ).fetchall()
+        output = "\n".join(p.output() for p in rig.processes)
+        # (The test app's provider is this database too: a call that met the restart may
+        # retry, which is not a give-back.)
+        assert (lost, "gave back" in output) == ([], False), output
+        assert {r["state"] for r in rows} == {"DONE"}
+        assert_guarantees(rig, ids)
+
+
 def test_worker_pool_down_for_several_leases_spends_no_attempt_then_each_runs_once(
     database_url: str, schema: str, redis_url: str
 ) -> None:

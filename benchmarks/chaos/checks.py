@@ -319,6 +319,16 @@ def _lane_attempts(ev: Evidence) -> dict[str, list[dict[str, Any]]]:
     return lanes
 
 
+def _how(attempt: dict[str, Any]) -> str:
+    """What the record says of an attempt that overlapped the next: how it ended, its fence's
+    answer, its deadline and its process, for the one reading the failure."""
+    return (
+        f"ended {attempt.get('result') or 'unrecorded'}, fence passed "
+        f"{attempt.get('fence_passed')}, deadline {attempt.get('deadline')}, "
+        f"pid {attempt.get('pid')}"
+    )
+
+
 def no_lane_overlap(ev: Evidence) -> Check:
     lanes = _lane_attempts(ev)
     check = Check("no lane overlap (attempt intervals)", sum(len(v) for v in lanes.values()))
@@ -329,7 +339,7 @@ def no_lane_overlap(ev: Evidence) -> Check:
                 overlap = (
                     f"lane {lane}: action {attempt['action_id']} epoch {attempt['epoch']} "
                     f"started {attempt['started_at']} before action {holder['action_id']} epoch "
-                    f"{holder['epoch']} stopped {ev.interval_end(holder)}"
+                    f"{holder['epoch']} stopped {ev.interval_end(holder)} ({_how(holder)})"
                 )
                 stall = ev.stalled_past(holder, attempt["started_at"])
                 if stall is None:

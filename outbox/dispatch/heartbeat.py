@@ -2,7 +2,12 @@
 ``heartbeat_interval`` on a pooled connection of its own, beside the claims and attempts (never
 in one of their statements), and deleted when the process stops cleanly. ``outbox status``, the
 console and ``/healthz`` read the registry (``outbox.operator.live_processes``); maintenance
-deletes the rows of processes long silent (a SIGKILLed one leaves its row behind)."""
+deletes the rows of processes long silent (a SIGKILLed one leaves its row behind).
+
+Each row also keeps when its process's unbroken run of beats began (``beating_since``; a beat
+more than ``BEAT_GAP`` intervals after the last starts a new one): a claimer judges another
+process lost only while its own run has lasted as long as that process's silence, since a
+database outage silences every process at once (``outbox.maintenance.lost_processes``)."""
 
 from __future__ import annotations
 
@@ -12,13 +17,14 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import psycopg
 
 from outbox._io import Operation, Statement
 from outbox.connecting import one_line
+from outbox.operator.processes import BEAT_GAP
 from outbox.queries import queries_for
 
 if TYPE_CHECKING:
@@ -60,6 +66,7 @@ class Heartbeat:
             "kinds": self.kinds,
             "started_at": self.started_at,
             "in_flight": max(0, self.in_flight()),
+            "gap": timedelta(seconds=self.interval * BEAT_GAP),
         }
         try:
             await self.store.run(_statement(self.store.schema, "heartbeat", params))

@@ -6,7 +6,8 @@ machine gone), it leaves claims that no broker holds: without this, each waits o
 goes round. Each claim names its claimer (``agent_action.claimed_by``: the heartbeat process id),
 so every live claimer's housekeeping gives back the untaken claims of a claimer whose heartbeat
 has been silent for as long as ``outbox status`` takes to call a process gone (three heartbeat
-intervals): they are due again at once, same epoch, no attempt spent. A message of such a claim
+intervals, while its own beats ran unbroken as long: ``lost_processes``): they are due again at
+once, same epoch, no attempt spent. A message of such a claim
 that did reach the broker is dropped by the worker's take; a claimer that was only paused and
 pushes later pushes tokens whose claims moved on. Either costs a message, never a run.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from outbox.maintenance.lost_processes import report_given_back
+from outbox.maintenance.lost_processes import beat_gap, report_given_back
 from outbox.maintenance.service import MaintenanceService
 from outbox.operator.processes import LIVE_INTERVALS
 from outbox.store import release_lost_claims_operation
@@ -36,10 +37,11 @@ class LostClaimers(MaintenanceService):
         super().__init__(interval)
         self.claimer = claimer
         self.silent = heartbeat_interval * LIVE_INTERVALS
+        self.gap = beat_gap(heartbeat_interval)
 
     async def run(self, store: Store) -> int:
         lost = await store.run(
-            release_lost_claims_operation(store.schema, self.claimer, self.silent)
+            release_lost_claims_operation(store.schema, self.claimer, self.silent, self.gap)
         )
         given_back = [(claim.claimer, claim.kind) for claim in lost]
         report_given_back(

@@ -1,5 +1,14 @@
 """What the give-backs of a lost process's work share (``lost_claimers``, ``lost_workers``):
-the counter, and one WARNING a process whose work was given back."""
+when a silence says lost, the counter, and one WARNING a process whose work was given back.
+
+A process is lost when its heartbeat has been silent for ``silent`` (``LIVE_INTERVALS``
+heartbeat intervals) while the claimer that judges could reach the database all along. A
+database restart, a failover or a cut network silences every process at once, the live ones
+too, and giving back their work would cost each of their unfenced attempts an attempt. So a
+claimer judges only while its own beats have run unbroken for ``silent``
+(``outbox_claimer_may_judge``, on the database's clock as the give-back runs); by then each live
+process has beaten again.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +18,14 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from outbox import metrics
+from outbox.operator.processes import BEAT_GAP
 
 log = logging.getLogger("outbox.claimer")
+
+
+def beat_gap(heartbeat_interval: timedelta) -> timedelta:
+    """How late a beat may come and still continue its process's unbroken run."""
+    return heartbeat_interval * BEAT_GAP
 
 
 def report_given_back(

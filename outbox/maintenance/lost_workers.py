@@ -6,8 +6,10 @@ its machine gone), the worker leaves attempts that nobody will finish: without t
 out its lease (5 minutes by default) before a claimer reclaims it. Each take names its worker
 (``agent_action.taken_by``: the worker process's heartbeat process id), so every claimer's
 housekeeping gives back the taken, unfenced attempts of a worker whose heartbeat has been silent
-for as long as ``outbox status`` takes to call a process gone (three heartbeat intervals): due
-again at once, the attempt counted, as the lease's end would have left them.
+for as long as ``outbox status`` takes to call a process gone (three heartbeat intervals), while
+the claimer's own beats ran unbroken as long (``lost_processes``: a database outage silences the
+live workers too): due again at once, the attempt counted, as the lease's end would have left
+them.
 
 An attempt that passed its fence is never touched: its write may have started, and the lease and
 the kind's rules decide (an at-most-once one ends UNCERTAIN, a read-back one reads back first).
@@ -21,7 +23,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from outbox.maintenance.lost_processes import report_given_back
+from outbox.maintenance.lost_processes import beat_gap, report_given_back
 from outbox.maintenance.service import MaintenanceService
 from outbox.operator.processes import LIVE_INTERVALS
 from outbox.store import release_lost_attempts_operation
@@ -33,22 +35,27 @@ if TYPE_CHECKING:
 class LostWorkers(MaintenanceService):
     """Gives back the taken, unfenced attempts of workers silent for ``heartbeat_interval``
     times ``LIVE_INTERVALS``, and silent for less than that plus ``lease`` (after which every
-    attempt such a worker took has outlived its lease and is reclaimed as any other)."""
+    attempt such a worker took has outlived its lease and is reclaimed as any other);
+    ``claimer`` is the calling claimer's own heartbeat process id."""
 
     name = "lost_workers"
     failure = "giving back a lost worker's attempts failed; trying again at the next housekeeping"
 
     def __init__(
-        self, interval: timedelta, heartbeat_interval: timedelta, lease: timedelta
+        self, interval: timedelta, claimer: str, heartbeat_interval: timedelta, lease: timedelta
     ) -> None:
         super().__init__(interval)
+        self.claimer = claimer
         self.silent = heartbeat_interval * LIVE_INTERVALS
+        self.gap = beat_gap(heartbeat_interval)
         # The take that starts a lease comes at most a heartbeat after the worker's last beat.
         self.within = self.silent + heartbeat_interval + lease
 
     async def run(self, store: Store) -> int:
         lost = await store.run(
-            release_lost_attempts_operation(store.schema, self.silent, self.within)
+            release_lost_attempts_operation(
+                store.schema, self.claimer, self.silent, self.within, self.gap
+            )
         )
         given_back = [(attempt.worker, attempt.kind) for attempt in lost]
         report_given_back(

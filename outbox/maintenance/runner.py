@@ -61,7 +61,7 @@ class Maintenance:
         lost_processes = (
             [
                 LostClaimers(every, claimer, settings.heartbeat_interval),
-                LostWorkers(every, settings.heartbeat_interval, settings.lease),
+                LostWorkers(every, claimer, settings.heartbeat_interval, settings.lease),
             ]
             if claimer
             else []

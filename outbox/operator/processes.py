@@ -16,6 +16,11 @@ from outbox.queries import queries_for
 
 #: A process is live while its last heartbeat is at most this many heartbeat intervals old.
 LIVE_INTERVALS = 3
+#: A beat written more than this many heartbeat intervals after the one before breaks its
+#: process's unbroken run (``outbox_process.beating_since``): it waited through a database
+#: outage, or its process stalled. An outage too short to break a run silences another process
+#: for at most 2.5 intervals, short of the ``LIVE_INTERVALS`` that make it lost.
+BEAT_GAP = 1.5
 
 
 def live_processes_operation(schema: str, within: timedelta) -> Operation[list[LiveProcess]]:

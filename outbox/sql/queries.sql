@@ -651,7 +651,9 @@ RETURNING a.id, a.epoch
 -- machine gone): each becomes ADMITTED and due now, as release_claims does (epoch and attempt
 -- unchanged; a message of that epoch that the claimer did push is dropped by the worker's take).
 -- Never this claimer's own (`claimer`), nor those of a claimer that stopped cleanly (it took its
--- heartbeat row away after pushing what it claimed). A lost claimer's row stays until
+-- heartbeat row away after pushing what it claimed), and none while this claimer's own heartbeat
+-- has not run unbroken for `silent` (a database outage silences every claimer at once:
+-- outbox_claimer_may_judge, 0034). A lost claimer's row stays until
 -- maintenance prunes it, so the probe costs a lookup of the process rows when no claimer was
 -- lost, and a read of ix_agent_action_lease (executing actions only) when one was.
 WITH lost AS (
@@ -659,6 +661,7 @@ WITH lost AS (
       FROM {schema}.outbox_process p
      WHERE p.role = 'claimer' AND p.process_id <> %(claimer)s
        AND p.last_seen < now() - %(silent)s
+       AND {schema}.outbox_claimer_may_judge(%(claimer)s, %(silent)s, %(gap)s)
 )
 UPDATE {schema}.agent_action a
    SET state = 'ADMITTED', available_at = now(), lease_until = NULL
@@ -680,15 +683,18 @@ RETURNING a.id, a.epoch, a.kind, a.claimed_by
 -- Never an attempt whose fence passed (its write may have started: the lease decides), nor one
 -- of a worker that stopped cleanly (it finished its attempts, then took its heartbeat row away).
 -- The attempt's history row ends, RETRY WORKER_LOST, and the action keeps WORKER_LOST as its
--- retry reason (the cause an operator sees should its attempts run out). The probe reads the process rows, and
--- ix_agent_action_lease (executing actions only) only while a worker lost less than `within`
--- ago (the lease plus the silence: past it, every attempt that worker took has outlived its
--- lease and is a claimer's to reclaim anyway), not for as long as its row stays.
+-- retry reason (the cause an operator sees should its attempts run out). None while the judging
+-- claimer's (`claimer`) own heartbeat has not run unbroken for `silent`: a database outage
+-- silences the live workers too (outbox_claimer_may_judge, 0034). The probe reads the process
+-- rows, and ix_agent_action_lease (executing actions only) only while a worker lost less than
+-- `within` ago (the lease plus the silence: past it, every attempt that worker took has
+-- outlived its lease and is a claimer's to reclaim anyway), not for as long as its row stays.
 WITH lost AS (
     SELECT p.process_id
       FROM {schema}.outbox_process p
      WHERE p.role = 'worker' AND p.last_seen < now() - %(silent)s
        AND p.last_seen > now() - %(within)s
+       AND {schema}.outbox_claimer_may_judge(%(claimer)s, %(silent)s, %(gap)s)
 ), released AS (
     UPDATE {schema}.agent_action a
        SET state = 'ADMITTED', available_at = now(), lease_until = NULL,
@@ -1017,7 +1023,7 @@ UPDATE {schema}.agent_action_kind_outage o
 -- name: provider_outages
 -- The kinds whose attempts retry now (status, metrics, the console): the distinct actions since
 -- the kind's last DONE (up to 16), and how long ago the first of them retried (seconds).
--- Whether that counts as down is decided in one place, outbox.provider_outage.outage_verdict.
+-- Whether that counts as down is decided in one place, outbox.provider_outage.OutageRule.verdict.
 -- `held_for`: seconds until the kind's hold ends (0 when it is not held); `holds`: its holds in
 -- this outage (after a hold, its claims probe the provider one action at a time).
 SELECT o.kind, cardinality(o.retried) AS actions,
@@ -1583,13 +1589,20 @@ SELECT a.id
  LIMIT %(limit)s
 
 -- name: heartbeat
--- Processes: a claimer or worker says it is alive (and how much it has in flight).
+-- Processes: a claimer or worker says it is alive (and how much it has in flight). Its unbroken
+-- run of beats goes on from `beating_since` while each comes at most `gap` after the one before
+-- (the SET reads the row as it was); a later one (it waited through an outage, or its process
+-- stalled) starts a new run (outbox_claimer_may_judge, 0034).
 INSERT INTO {schema}.outbox_process
-    (process_id, role, host, pid, kinds, started_at, last_seen, in_flight)
-VALUES (%(process_id)s, %(role)s, %(host)s, %(pid)s, %(kinds)s, %(started_at)s, now(),
+    (process_id, role, host, pid, kinds, started_at, last_seen, beating_since, in_flight)
+VALUES (%(process_id)s, %(role)s, %(host)s, %(pid)s, %(kinds)s, %(started_at)s, now(), now(),
         %(in_flight)s)
 ON CONFLICT (process_id) DO UPDATE
-   SET last_seen = now(), in_flight = excluded.in_flight, kinds = excluded.kinds
+   SET last_seen = now(), in_flight = excluded.in_flight, kinds = excluded.kinds,
+       beating_since = CASE
+           WHEN outbox_process.last_seen >= now() - %(gap)s::interval
+           THEN coalesce(outbox_process.beating_since, now())
+           ELSE now() END
 
 -- name: process_gone
 -- Processes: a process that stops cleanly takes its row away.
