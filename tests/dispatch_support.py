@@ -195,6 +195,16 @@ def heartbeat_row(
     )
 
 
+#: The judging claimer "me" under a 5-s heartbeat, facing a process silent for 16 s: how long ago
+#: it last beat, how long its beats have run unbroken, and how many of two claims or attempts it
+#: gives back (``outbox_claimer_may_judge``).
+JUDGES = [
+    (0, 14.9, 0),  # back in touch with the database for less than the silence
+    (7.6, 3600, 0),  # its own last beat is older than 1.5 intervals: cut off itself
+    (0, 15.1, 2),  # beating unbroken for longer than the silence: the other process is lost
+]
+
+
 def judge_row(conn: psycopg.Connection[Any], beating_for: float = 3600.0) -> None:
     """The heartbeat row of the claimer "me" whose housekeeping judges the others: it beat just
     now, its beats unbroken for ``beating_for`` seconds."""

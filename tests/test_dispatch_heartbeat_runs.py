@@ -49,15 +49,8 @@ async def test_a_run_of_beats_goes_on_while_each_is_in_time_and_starts_again_aft
         assert again is not None
         assert (again - first).total_seconds() >= 3 * INTERVAL + BEAT_GAP * INTERVAL
 
-
-async def test_a_row_from_before_the_column_starts_its_run_at_its_next_beat(
-    database_url: str, schema: str
-) -> None:
-    outbox = app_schema(database_url, schema).outbox()
-    async with outbox.store() as store:
-        heartbeat = Heartbeat(store, "worker", ["K"], lambda: 0, INTERVAL)
-        assert await heartbeat.beat()
+        # A row written before the column existed starts its run at its next beat.
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute(f'UPDATE "{schema}".outbox_process SET beating_since = NULL')
         assert await heartbeat.beat()
-    assert _run_began(database_url, schema, heartbeat.process_id) is not None
+        assert _run_began(database_url, schema, heartbeat.process_id) is not None

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from dispatch_support import DispatchRig, app_schema, heartbeat_row, judge_row
+from dispatch_support import JUDGES, DispatchRig, app_schema, heartbeat_row, judge_row
 from fault_support import fault_rig
 from prometheus_client import REGISTRY
 
@@ -145,10 +145,7 @@ async def test_a_claimers_housekeeping_gives_back_lost_claims_other_housekeeping
         assert service.silent == outbox.settings.heartbeat_interval * 3
 
 
-@pytest.mark.parametrize(
-    ("judge_silent_for", "judge_beating_for", "given_back"),
-    [(0, 14.9, 0), (7.6, 3600, 0), (0, 15.1, 2)],
-)
+@pytest.mark.parametrize(("judge_silent_for", "judge_beating_for", "given_back"), JUDGES)
 async def test_only_a_claimer_beating_unbroken_for_the_silence_gives_back_claims(
     store_rig: DispatchRig,
     schema: str,

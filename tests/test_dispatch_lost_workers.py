@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from dispatch_support import DispatchRig, app_schema, heartbeat_row, judge_row
+from dispatch_support import JUDGES, DispatchRig, app_schema, heartbeat_row, judge_row
 from fault_support import fault_rig
 from prometheus_client import REGISTRY
 
@@ -182,14 +182,7 @@ async def test_only_unfenced_attempts_of_workers_silent_past_three_beats_are_giv
         assert "taken by" not in render_inspect(reclaimed)
 
 
-@pytest.mark.parametrize(
-    ("judge_silent_for", "judge_beating_for", "given_back"),
-    [
-        (0, 14.9, 0),  # back in touch with the database for less than the silence
-        (7.6, 3600, 0),  # its own last beat is later than 1.5 intervals: cut off itself
-        (0, 15.1, 2),  # beating unbroken for longer than the silence: the worker is lost
-    ],
-)
+@pytest.mark.parametrize(("judge_silent_for", "judge_beating_for", "given_back"), JUDGES)
 async def test_only_a_claimer_beating_unbroken_for_the_silence_gives_back_attempts(
     store_rig: DispatchRig,
     schema: str,
