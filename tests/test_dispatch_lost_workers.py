@@ -18,6 +18,7 @@ from dispatch_support import JUDGES, DispatchRig, app_schema, heartbeat_row, jud
 from fault_support import fault_rig
 from prometheus_client import REGISTRY
 
+from outbox.maintenance.lost_processes import report_given_back
 from outbox.maintenance.lost_workers import LostWorkers
 from outbox.maintenance.runner import Maintenance
 from outbox.results import Finish
@@ -88,6 +89,18 @@ def store_rig(database_url: str, schema: str) -> DispatchRig:
 
 def _heartbeat(conn: psycopg.Connection[Any], process_id: str, silent_for: float) -> None:
     heartbeat_row(conn, process_id, "worker", silent_for)
+
+
+@pytest.mark.parametrize(
+    ("silent", "said"), [(0.9, "0.9s"), (4.5, "4.5s"), (3, "3s"), (15, "15s"), (150, "2m 30s")]
+)
+def test_a_give_back_says_a_sub_second_silence_in_tenths_not_as_0s(
+    silent: float, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="outbox.claimer"):
+        report_given_back("worker_lost", "worker", [("w", "k")], timedelta(seconds=silent), "x")
+    [record] = caplog.records
+    assert f"worker w has been silent for over {said}; gave back 1 of its x" in record.message
 
 
 def _service() -> LostWorkers:

@@ -24,7 +24,7 @@ import psycopg
 
 from outbox._io import Operation, Statement
 from outbox.connecting import one_line
-from outbox.operator.processes import BEAT_GAP
+from outbox.operator.processes import beat_gap
 from outbox.queries import queries_for
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class Heartbeat:
             "kinds": self.kinds,
             "started_at": self.started_at,
             "in_flight": max(0, self.in_flight()),
-            "gap": timedelta(seconds=self.interval * BEAT_GAP),
+            "gap": beat_gap(timedelta(seconds=self.interval)),
         }
         try:
             await self.store.run(_statement(self.store.schema, "heartbeat", params))

@@ -18,14 +18,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from outbox import metrics
-from outbox.operator.processes import BEAT_GAP
+from outbox.durations import say_duration
 
 log = logging.getLogger("outbox.claimer")
-
-
-def beat_gap(heartbeat_interval: timedelta) -> timedelta:
-    """How late a beat may come and still continue its process's unbroken run."""
-    return heartbeat_interval * BEAT_GAP
 
 
 def report_given_back(
@@ -38,12 +33,19 @@ def report_given_back(
     for process, released in sorted(Counter(process for process, _ in given_back).items()):
         kinds = sorted({kind for p, kind in given_back if p == process})
         log.warning(
-            "%s %s has been silent for over %ss; gave back %s of its %s (kinds %s; due again now)",
+            "%s %s has been silent for over %s; gave back %s of its %s (kinds %s; due again now)",
             role,
             process,
-            int(silent.total_seconds()),
+            _say_silence(silent),
             released,
             what,
             ", ".join(kinds),
             extra={"event": reason, role: process, "released": released},
         )
+
+
+def _say_silence(silent: timedelta) -> str:
+    """``silent`` in the operator's words; a silence of a fraction of a second (sub-second
+    heartbeats, as fault drills run them) to a tenth of a second rather than rounded to 0s."""
+    seconds = silent.total_seconds()
+    return say_duration(seconds) if seconds >= 10 or seconds.is_integer() else f"{seconds:.1f}s"

@@ -23,9 +23,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from outbox.maintenance.lost_processes import beat_gap, report_given_back
+from outbox.maintenance.lost_processes import report_given_back
 from outbox.maintenance.service import MaintenanceService
-from outbox.operator.processes import LIVE_INTERVALS
+from outbox.operator.processes import LIVE_INTERVALS, beat_gap
 from outbox.store import release_lost_attempts_operation
 
 if TYPE_CHECKING:

@@ -23,6 +23,11 @@ LIVE_INTERVALS = 3
 BEAT_GAP = 1.5
 
 
+def beat_gap(heartbeat_interval: timedelta) -> timedelta:
+    """How late a beat may come and still continue its process's unbroken run."""
+    return heartbeat_interval * BEAT_GAP
+
+
 def live_processes_operation(schema: str, within: timedelta) -> Operation[list[LiveProcess]]:
     rows = yield Statement(queries_for(schema)["live_processes"], {"within": within})
     return [LiveProcess(**r) for r in rows]
