@@ -53,7 +53,7 @@ def backlog_operation(schema: str) -> Operation[Backlog]:
     due_rows = yield Statement(q["backlog_by_kind"])
     flight_rows = yield Statement(q["executing_by_kind"])
     blocked_rows = yield Statement(q["blocked_lanes_by_kind"])
-    retrying_rows = yield Statement(q["provider_outages"])
+    retrying_rows = yield Statement(q["provider_outages"], {"kind": None})
     retrying = {
         r["kind"]: (
             int(r["actions"]),

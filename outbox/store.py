@@ -790,7 +790,7 @@ class Store:
             return False
 
         def op() -> Operation[bool]:
-            rows = yield Statement(queries_for(self.schema)["provider_outage"], {"kind": kind})
+            rows = yield Statement(queries_for(self.schema)["provider_outages"], {"kind": kind})
             return bool(rows) and self.outage_rule.down(rows[0])
 
         return await self.run(op())

@@ -1021,26 +1021,20 @@ UPDATE {schema}.agent_action_kind_outage o
    AND (o.held_until IS NULL OR o.held_until <= now())
 
 -- name: provider_outages
--- The kinds whose attempts retry now (status, metrics, the console): the distinct actions since
--- the kind's last DONE (up to 16), and how long ago the first of them retried (seconds).
--- Whether that counts as down is decided in one place, outbox.provider_outage.OutageRule.verdict.
+-- The kinds whose attempts retry now (status, metrics, the console), or only `kind`'s (an
+-- attempt that would otherwise end ATTEMPTS_EXHAUSTED asks; NULL for every kind): the distinct
+-- actions since the kind's last DONE (up to 16), and how long ago the first of them retried
+-- (seconds). The table holds at most a row a kind, so a generic plan's scan of it to answer one
+-- kind costs about what a probe does. Whether that counts as down is decided in one place,
+-- outbox.provider_outage.OutageRule.verdict.
 -- `held_for`: seconds until the kind's hold ends (0 when it is not held); `holds`: its holds in
 -- this outage (after a hold, its claims probe the provider one action at a time).
 SELECT o.kind, cardinality(o.retried) AS actions,
        extract(epoch FROM now() - o.since)::float8 AS retrying_for,
        greatest(extract(epoch FROM o.held_until - now()), 0)::float8 AS held_for, o.holds
   FROM {schema}.agent_action_kind_outage o
- WHERE o.since IS NOT NULL
+ WHERE o.since IS NOT NULL AND (%(kind)s::text IS NULL OR o.kind = %(kind)s)
  ORDER BY o.kind
-
--- name: provider_outage
--- One kind's row of provider_outages (a probe of its primary key), asked by an attempt that
--- would otherwise end ATTEMPTS_EXHAUSTED.
-SELECT o.kind, cardinality(o.retried) AS actions,
-       extract(epoch FROM now() - o.since)::float8 AS retrying_for,
-       greatest(extract(epoch FROM o.held_until - now()), 0)::float8 AS held_for, o.holds
-  FROM {schema}.agent_action_kind_outage o
- WHERE o.kind = %(kind)s AND o.since IS NOT NULL
 
 -- name: make_due
 -- Tests only (outbox.testing.drain): every admitted action that waits becomes due now (read
