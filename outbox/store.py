@@ -59,8 +59,9 @@ class ClaimedAction:
 
 
 #: A ``claim_heads`` row as ``claim_rows`` makes it: the action it claimed (None on the row of
-#: NULLs of a claim that found nothing), and, on its first row, the limit keys it walked.
-ClaimRow = tuple[ClaimedAction | None, list[str] | None]
+#: NULLs of a claim that found nothing), and, on its first row, the limit keys it walked and
+#: whether a key took its whole share with room for more (``HeadsClaimed.filled``).
+ClaimRow = tuple[ClaimedAction | None, list[str] | None, bool | None]
 #: A ``finish_many`` row as ``finish_rows`` makes it: the token it answers, the kind its outage
 #: row should hear of (``outage_note``), and the lane's next action when the finish handed on.
 FinishRow = tuple[FenceToken, str | None, ClaimedAction | None]
@@ -95,12 +96,13 @@ def _not_these_rows(reader: str, why: str, values: Sequence[Any]) -> Any:
 def claim_rows(names: list[str]) -> RowMaker[ClaimRow]:
     """The rows of a ``claim_heads``."""
     make = action_maker(names)
-    id_at, left_at, walked_at = names.index("id"), names.index("lease_left"), names.index("walked")
+    id_at, left_at = names.index("id"), names.index("lease_left")
+    walked_at, filled_at = names.index("walked"), names.index("filled")
 
     def row(values: Sequence[Any]) -> ClaimRow:
         if values[id_at] is None:
-            return None, values[walked_at]
-        return ClaimedAction(make(values), values[left_at]), values[walked_at]
+            return None, values[walked_at], values[filled_at]
+        return ClaimedAction(make(values), values[left_at]), values[walked_at], values[filled_at]
 
     return row
 
@@ -303,7 +305,7 @@ def settle_first_claims(
 def claimed_rows(rows: list[ClaimRow]) -> list[ClaimedAction]:
     """The actions a ``claim_heads`` claimed (a claim that found nothing returns one row of
     NULLs, for its walked keys)."""
-    return [claimed for claimed, _ in rows if claimed is not None]
+    return [claimed for claimed, _, _ in rows if claimed is not None]
 
 
 def claim_heads_statement(
@@ -341,15 +343,19 @@ def claim_heads_statement(
 
 @dataclass(frozen=True, slots=True)
 class HeadsClaimed:
-    """What one ``claim_heads`` of a kind took, and the limit keys it walked (in order)."""
+    """What one ``claim_heads`` of a kind took, the limit keys it walked (in order), and whether
+    a key took its whole share while its cap left it room for more (``filled``)."""
 
     claimed: list[ClaimedAction]
     walked: list[str]
+    filled: bool = False
 
     def room_for_more(self, left: int) -> bool:
-        """It walked several keys, took something and left room of ``left``: some keys had
-        fewer due heads than their share, so the others may take more (a second pass)."""
-        return len(self.walked) > 1 and bool(self.claimed) and left > len(self.claimed)
+        """It left room of ``left`` that a key may fill: some keys had fewer due heads than
+        their share, and a key that took its whole share may have more (a second pass). Not
+        when every key took less than its share (none has more due) or was bound by its cap
+        (none has room): a second pass would find nothing."""
+        return self.filled and left > len(self.claimed)
 
 
 def heads_claimed(rows: list[ClaimRow], kind: str, cursor: dict[str, str]) -> HeadsClaimed:
@@ -357,7 +363,7 @@ def heads_claimed(rows: list[ClaimRow], kind: str, cursor: dict[str, str]) -> He
     walked: list[str] = (rows[0][1] or []) if rows else []
     if walked:
         cursor[kind] = walked[-1]
-    return HeadsClaimed(claimed_rows(rows), walked)
+    return HeadsClaimed(claimed_rows(rows), walked, bool(rows and rows[0][2]))
 
 
 def second_claim_statement(first: Statement, took: HeadsClaimed, left: int) -> Statement:

@@ -190,3 +190,49 @@ async def test_a_failed_second_round_trip_still_runs_what_the_first_claimed(
             f"SELECT count(*) FROM \"{schema}\".agent_action WHERE state = 'EXECUTING'"
         ).fetchone()[0]
     assert executing == 7
+
+
+def _counting_round_trips(monkeypatch) -> list[int]:
+    """Counts ``Store.claim``'s round trips (each a ``commit_pipelined``), by statements sent."""
+    from outbox import store as store_module
+
+    real = store_module.commit_pipelined
+    calls: list[int] = []
+
+    async def counted(conn, statements, *, begin):
+        calls.append(len(statements))
+        return await real(conn, statements, begin=begin)
+
+    monkeypatch.setattr(store_module, "commit_pipelined", counted)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("heads", "key_cap", "claimed_n", "round_trips"),
+    [
+        ([1, 1, 1, 1], None, 4, 1),  # every key took less than its share: none has more due
+        ([3, 3, 3, 3], 1, 4, 1),  # every key took what its cap of one left: none has room
+        ([3, 3, 3, 3], 2, 8, 1),  # the same at a cap of two
+        ([12, 1, 1, 1], None, 15, 2),  # w0 took its whole share of 4 and has more: a second pass
+        ([12, 1, 1, 1], 6, 9, 2),  # ... up to its cap of 6
+    ],
+)
+async def test_a_claim_asks_a_second_time_only_when_a_key_that_filled_its_share_may_have_more(
+    ob, database_url, schema, monkeypatch, heads, key_cap, claimed_n, round_trips
+):
+    # Four keys (w0..w3) and a claim of 16: a share of 4 a key.
+    with psycopg.connect(database_url) as conn:
+        requests = [
+            ActionRequest(kind="NOTE", workspace_id=f"w{w}", lane_key=f"w{w}-{i}",
+                          idempotency_key=f"w{w}-{i}")
+            for w, n in enumerate(heads)
+            for i in range(n)
+        ]  # fmt: skip
+        enqueue_many(conn, requests, schema=schema)
+        conn.commit()
+    calls = _counting_round_trips(monkeypatch)
+    caps = None if key_cap is None else {"NOTE": key_cap}
+    async with ob.store() as store:
+        claimed = await store.claim({"NOTE": 16}, LEASE, key_caps=caps)
+    assert len(claimed) == claimed_n
+    assert len(calls) == round_trips, calls

@@ -273,6 +273,33 @@ def test_a_claim_that_left_room_to_other_keys_asks_for_the_next_round_at_once(
     assert not second.room_left
 
 
+def test_a_claim_whose_keys_had_no_more_due_asks_for_no_next_round(
+    make_outbox, conn, schema
+) -> None:
+    # Three keys with one due head each: a batch of 6 gives each a share of 2, and each takes
+    # its one. The room left is nobody's: the next round would find nothing.
+    ob = make_outbox()
+    ob.declare(BUSY)
+    ob.migrate()
+    requests = [
+        ActionRequest(BUSY, lane_key=f"{k}0", idempotency_key=f"{k}0", workspace_id=k)
+        for k in "abc"
+    ]
+    enqueue_many(conn, requests, schema=schema)
+    conn.commit()
+
+    async def one_round() -> Round:
+        async with ob.store() as store, store.connection() as c, c.transaction():
+            op = bounded_claim_operation(
+                schema, [BUSY.name], 64, 6, timedelta(seconds=30), ConsumptionWatch(), cursor={}
+            )
+            return await run_async(c, op)
+
+    only = asyncio.run(one_round())
+    assert sorted(c.action.workspace_id for c in only.claimed) == ["a", "b", "c"]
+    assert not only.room_left and not only.more_due
+
+
 ROUNDS = 20
 
 

@@ -438,11 +438,15 @@ def rows_of_a_claim(conn, schema: str, limit: int, **kwargs) -> list[tuple[str, 
 
 def as_dict(row: Any) -> dict:
     """A row as a dict of its columns: a claim's row (``outbox.store.ClaimRow``) as its action's
-    fields (or a NULL id) and the keys it walked."""
+    fields (or a NULL id), the keys it walked and whether a key filled its share."""
     if isinstance(row, dict):
         return row
-    claimed, walked = row
-    return {"walked": walked, **(claimed.action.as_dict() if claimed else {"id": None})}
+    claimed, walked, filled = row
+    return {
+        "walked": walked,
+        "filled": filled,
+        **(claimed.action.as_dict() if claimed else {"id": None}),
+    }
 
 
 def statements_of_a_claim(conn, schema: str, limit: int, **kwargs) -> list[str]:
@@ -692,3 +696,49 @@ def test_a_claim_among_more_keys_at_their_cap_than_it_steps_over_stops_and_the_n
     # The walk's first key, then as many at their cap as it may step over besides.
     assert cursor == {NOTE.name: full[CAPPED_KEYS_PER_CLAIM]}
     assert [c.action.id for c in second] == [later.id]
+
+
+def first_claim_then_second(conn, schema: str, limit: int, key_cap: int | None):
+    """A claim's first ``claim_heads`` (after the fold), then the second statement that would
+    fill the room it left, run whether or not the first asks for it (rolled back): what the
+    first took and what the second would have."""
+    from outbox.queries import queries_for
+    from outbox.store import claimed_rows, heads_claimed, kind_claims, second_claim_statement
+
+    q = queries_for(schema)
+    caps = None if key_cap is None else {NOTE.name: key_cap}
+    [claim] = kind_claims(q, {NOTE.name: limit}, LEASE, take=False, cursor={}, key_caps=caps)
+    with conn.transaction(force_rollback=True), conn.cursor() as cur:
+        cur.execute(q["lane_intake"], {"limit": 5000})
+        cur.row_factory = claim.statement.rows
+        cur.execute(claim.statement.sql, claim.statement.params)
+        took = heads_claimed(cur.fetchall(), NOTE.name, {})
+        second = second_claim_statement(claim.statement, took, limit)
+        cur.execute(second.sql, second.params)
+        more = claimed_rows(cur.fetchall())
+    return took, more
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    heads=st.lists(st.integers(1, 7), min_size=1, max_size=6),
+    key_cap=st.one_of(st.none(), st.integers(1, 4)),
+    limit=st.integers(1, 20),
+)
+def test_a_claim_never_passes_up_a_second_statement_that_would_take_more(
+    make_outbox, database_url, schema, heads, key_cap, limit
+):
+    """Whatever the keys' due heads, the cap and the claim's size: a claim that does not ask a
+    second time (``HeadsClaimed.room_for_more``) left nothing a second statement would take."""
+    build(make_outbox)
+    with psycopg.connect(database_url, autocommit=True) as c:
+        c.execute(f'TRUNCATE "{schema}".agent_action, "{schema}".agent_action_lane')
+        c.execute(f'TRUNCATE "{schema}".agent_action_lane_intake')
+        requests = [
+            req(f"k{k}-{i}", f"k{k}-{i}", f"k{k}") for k, n in enumerate(heads) for i in range(n)
+        ]
+        enqueue_many(c, requests, schema=schema)
+        took, more = first_claim_then_second(c, schema, limit, key_cap)
+    assert len(took.claimed) + len(more) <= limit
+    if not took.room_for_more(limit):
+        assert more == [], (took.walked, len(took.claimed))

@@ -181,7 +181,9 @@ SELECT {schema}.agent_action_lane_intake(%(limit)s) AS folded,
 -- in this statement (not one of its own) so that a claim is one round trip; its first row
 -- carries the keys walked, those at their cap too (`walked`, for the caller's round robin;
 -- NULL on the others: 32 keys on each of 100 rows were 3,200 strings to write and parse), and
--- a claim that found nothing returns one row of NULLs with them.
+-- whether a key took its whole share with room for more (`filled`: only then may a second
+-- statement take more of the claim's room); a claim that found nothing returns one row of
+-- NULLs with them.
 -- Each claim names its claimer (`claimer`: its heartbeat process id; NULL in process), whose
 -- untaken claims another claimer gives back once its heartbeat stops
 -- (release_claims_of_lost_claimers), and names no worker (taken_by: a new epoch nobody took).
@@ -446,7 +448,25 @@ WITH RECURSIVE outage AS (
               a.retry_reason, a.created_at, a.ended_at, a.priority, a.limit_key,
               a.lease_until - now() AS lease_left
 )
-SELECT c.*, CASE WHEN row_number() OVER () = 1 THEN w.keys END AS walked
+SELECT c.*, CASE WHEN row_number() OVER () = 1 THEN w.keys END AS walked,
+       -- Whether a key took its whole share while its cap left it room for more: only then
+       -- may a second statement over the keys walked take more of the room left (a key that
+       -- took less had no more due heads; one bound by its cap has no room). Asked only of a
+       -- claim over several keys with room: one key's share was the whole claim.
+       CASE WHEN row_number() OVER () = 1 AND cardinality(w.open) > 1 THEN EXISTS (
+                -- Each key's share and room as `keys` reckons them, from the CTEs the claim
+                -- read already (not `keys` again: a second reference would materialize it).
+                SELECT 1
+                  FROM (SELECT coalesce(x.limit_key, x.workspace_id, '') AS k, count(*) AS n
+                          FROM claimed x
+                         GROUP BY 1) t
+                 CROSS JOIN (SELECT coalesce(%(per_key)s::int,
+                                             ((SELECT n FROM room) + cardinality(w.open) - 1)
+                                                 / cardinality(w.open)) AS share) s
+                  LEFT JOIN executing busy ON busy.k = t.k
+                 WHERE t.n >= s.share
+                   AND (%(key_cap)s::int IS NULL
+                        OR %(key_cap)s::int - coalesce(busy.n, 0) >= s.share)) END AS filled
   FROM walked w
   LEFT JOIN (SELECT * FROM reclaimed UNION ALL SELECT * FROM claimed) c ON true
  WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
