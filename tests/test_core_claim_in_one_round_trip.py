@@ -153,13 +153,29 @@ async def test_the_claim_is_one_round_trip_its_commit_included(
     assert set(after) <= {"Flush"}, messages
 
 
+def _counting_round_trips(monkeypatch, failing: int | None = None) -> list[int]:
+    """Counts ``Store.claim``'s round trips (each a ``commit_pipelined``), by statements sent;
+    the ``failing``-th (counting from 1) fails as a connection the server closed would."""
+    from outbox import store as store_module
+
+    real = store_module.commit_pipelined
+    calls: list[int] = []
+
+    async def counted(conn, statements, *, begin):
+        calls.append(len(statements))
+        if len(calls) == failing:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return await real(conn, statements, begin=begin)
+
+    monkeypatch.setattr(store_module, "commit_pipelined", counted)
+    return calls
+
+
 async def test_a_failed_second_round_trip_still_runs_what_the_first_claimed(
     ob, database_url, schema, enqueue_in, monkeypatch, caplog
 ):
     """The first round trip's claims are committed: if the one that fills the room fails (the
     server went away between the two), they are returned to run, not left to their leases."""
-    from outbox import store as store_module
-
     enqueue_in("NOTE", 12, "m")
     with psycopg.connect(database_url) as conn:
         requests = [
@@ -170,16 +186,7 @@ async def test_a_failed_second_round_trip_still_runs_what_the_first_claimed(
         ]
         enqueue_many(conn, requests, schema=schema)
         conn.commit()
-    real = store_module.commit_pipelined
-    calls = []
-
-    async def second_fails(conn, statements, *, begin):
-        calls.append(len(statements))
-        if len(calls) == 2:
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return await real(conn, statements, begin=begin)
-
-    monkeypatch.setattr(store_module, "commit_pipelined", second_fails)
+    calls = _counting_round_trips(monkeypatch, failing=2)
     async with ob.store() as store:
         claimed = await store.claim({"NOTE": 16}, LEASE)
     assert len(calls) == 2
@@ -190,21 +197,6 @@ async def test_a_failed_second_round_trip_still_runs_what_the_first_claimed(
             f"SELECT count(*) FROM \"{schema}\".agent_action WHERE state = 'EXECUTING'"
         ).fetchone()[0]
     assert executing == 7
-
-
-def _counting_round_trips(monkeypatch) -> list[int]:
-    """Counts ``Store.claim``'s round trips (each a ``commit_pipelined``), by statements sent."""
-    from outbox import store as store_module
-
-    real = store_module.commit_pipelined
-    calls: list[int] = []
-
-    async def counted(conn, statements, *, begin):
-        calls.append(len(statements))
-        return await real(conn, statements, begin=begin)
-
-    monkeypatch.setattr(store_module, "commit_pipelined", counted)
-    return calls
 
 
 @pytest.mark.parametrize(

@@ -326,22 +326,25 @@ WITH RECURSIVE outage AS (
      WHERE w.n < %(walk)s AND w.i < %(steps)s
 ), walked AS (
     -- Every key walked, those at their cap too (the caller's round robin goes on after the
-    -- last), and those with room, which share the claim.
-    SELECT coalesce(%(keys)s::text[], (SELECT array_agg(w.k ORDER BY w.i) FROM walk w)) AS keys,
-           coalesce(%(keys)s::text[],
-                    (SELECT array_agg(w.k ORDER BY w.i) FILTER (WHERE NOT w.c) FROM walk w))
-               AS open
+    -- last), and those with room, which share the claim: each up to `share` of its heads
+    -- (`per_key`, or the room divided between them).
+    SELECT x.keys, x.open,
+           coalesce(%(per_key)s::int,
+                    ((SELECT n FROM room) + cardinality(x.open) - 1) / cardinality(x.open))
+               AS share
+      FROM (SELECT coalesce(%(keys)s::text[], (SELECT array_agg(w.k ORDER BY w.i) FROM walk w))
+                       AS keys,
+                   coalesce(%(keys)s::text[],
+                            (SELECT array_agg(w.k ORDER BY w.i) FILTER (WHERE NOT w.c)
+                               FROM walk w))
+                       AS open) x
 ), keys AS (
     -- least() ignores the NULL of no cap. A key the caller named (`keys`) was not walked: its
     -- first entry (p, d) is NULL.
-    SELECT u.k, u.ord, s.share, w.p, w.d,
-           least(s.share, %(key_cap)s::int - coalesce(busy.n, 0)) AS room
+    SELECT u.k, u.ord, walked.share, w.p, w.d,
+           least(walked.share, %(key_cap)s::int - coalesce(busy.n, 0)) AS room
       FROM walked
      CROSS JOIN LATERAL unnest(walked.open) WITH ORDINALITY AS u(k, ord)
-     CROSS JOIN LATERAL (
-           SELECT coalesce(%(per_key)s::int,
-                           ((SELECT n FROM room) + cardinality(walked.open) - 1)
-                               / cardinality(walked.open)) AS share) s
       LEFT JOIN executing busy ON busy.k = u.k
       LEFT JOIN walk w ON w.k = u.k
 ), candidates AS (
@@ -454,19 +457,16 @@ SELECT c.*, CASE WHEN row_number() OVER () = 1 THEN w.keys END AS walked,
        -- took less had no more due heads; one bound by its cap has no room). Asked only of a
        -- claim over several keys with room: one key's share was the whole claim.
        CASE WHEN row_number() OVER () = 1 AND cardinality(w.open) > 1 THEN EXISTS (
-                -- Each key's share and room as `keys` reckons them, from the CTEs the claim
-                -- read already (not `keys` again: a second reference would materialize it).
+                -- Each key's room as `keys` reckons it, from the CTEs the claim read already
+                -- (not `keys` again: a second reference would materialize it).
                 SELECT 1
                   FROM (SELECT coalesce(x.limit_key, x.workspace_id, '') AS k, count(*) AS n
                           FROM claimed x
                          GROUP BY 1) t
-                 CROSS JOIN (SELECT coalesce(%(per_key)s::int,
-                                             ((SELECT n FROM room) + cardinality(w.open) - 1)
-                                                 / cardinality(w.open)) AS share) s
                   LEFT JOIN executing busy ON busy.k = t.k
-                 WHERE t.n >= s.share
+                 WHERE t.n >= w.share
                    AND (%(key_cap)s::int IS NULL
-                        OR %(key_cap)s::int - coalesce(busy.n, 0) >= s.share)) END AS filled
+                        OR %(key_cap)s::int - coalesce(busy.n, 0) >= w.share)) END AS filled
   FROM walked w
   LEFT JOIN (SELECT * FROM reclaimed UNION ALL SELECT * FROM claimed) c ON true
  WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
